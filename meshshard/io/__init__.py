@@ -1,1 +1,19 @@
-"""placeholder: filled by its issue."""
+"""VTK output and pictures of per-rank partitions, ready for ParaView.
+
+:func:`write_partitions` writes one piece per rank (``.vtp``/``.vtu``) and the parallel index
+(``.pvtp``/``.pvtu``) ParaView opens, with ``vtkProcessId``, global ids, fields and, given a ghost
+radius, ghosts marked by ``vtkGhostType``. :func:`write_local_partition` does the same from a
+distributed run, each rank writing its own piece. :func:`render_partitions` draws an off-screen
+PNG coloured by rank; :func:`plot_partition_quality` a bar chart of points and ghosts per rank.
+"""
+
+from __future__ import annotations
+
+from ._write import read_partitions, write_local_partition, write_partition_index, write_partitions
+
+__all__ = [
+    "read_partitions",
+    "write_local_partition",
+    "write_partition_index",
+    "write_partitions",
+]

@@ -1,0 +1,293 @@
+"""One plain description of every input :mod:`meshshard.io` accepts: points, cells and named arrays.
+
+A point cloud (tensor, array, ``torch_geometric`` ``Data``, sample dict) becomes ``kind="points"``
+and is partitioned over its points. A pyvista/VTK mesh becomes ``kind="poly"`` (``PolyData``) or
+``kind="ugrid"`` (everything else) and is partitioned over its cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Cells", "Dataset", "as_dataset", "as_numpy", "partition_sizes_and_perm"]
+
+# Arrays meshshard.io writes itself; an input array of the same name would be ambiguous.
+RESERVED_NAMES = frozenset(
+    {"vtkProcessId", "vtkGhostType", "GlobalPointIds", "GlobalCellIds", "vtkOriginalPointIds",
+     "vtkOriginalCellIds"}
+)
+
+# ``Cells.types`` of a PolyData: the four sections of vtkPolyData, which VTK numbers in this order.
+POLY_SECTIONS = ("verts", "lines", "polys", "strips")
+VTK_POLYHEDRON = 42
+
+
+@dataclass
+class Cells:
+    """Cells in VTK's offsets + connectivity layout.
+
+    **Shapes**: ``types`` (C,) uint8, VTK cell types (``ugrid``) or the PolyData section 0-3
+    (``poly``); ``offsets`` (C + 1,) int64; ``connectivity`` (offsets[-1],) int64 point indices.
+    """
+
+    types: np.ndarray
+    offsets: np.ndarray
+    connectivity: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.types.shape[0])
+
+    def gather(self, ids: np.ndarray) -> Cells:
+        """The cells ``ids`` in that order (vectorised; no loop over cells)."""
+        starts = self.offsets[ids]
+        lengths = self.offsets[ids + 1] - starts
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return Cells(self.types[ids], offsets, self.connectivity[index])
+
+
+@dataclass
+class Dataset:
+    """Points, optional cells and the arrays to write.
+
+    **Shapes**: ``points`` (N_points, 3); ``point_data[name]`` (N_points, ...);
+    ``cell_data[name]`` (N_cells, ...).
+    """
+
+    kind: str  # "points" | "poly" | "ugrid"
+    points: np.ndarray
+    point_data: dict[str, np.ndarray]
+    cell_data: dict[str, np.ndarray]
+    cells: Cells | None = None
+
+    @property
+    def num_items(self) -> int:
+        """What a partition of this dataset counts: points of a cloud, cells of a mesh."""
+        return int(self.points.shape[0]) if self.cells is None else len(self.cells)
+
+    def centres(self) -> np.ndarray:
+        """(num_items, 3) points of a cloud, or the mean of each cell's points for a mesh."""
+        if self.cells is None:
+            return self.points
+        cells = self.cells
+        lengths = np.diff(cells.offsets)
+        sums = np.zeros((len(cells), 3), dtype=np.float64)
+        owner = np.repeat(np.arange(len(cells)), lengths)
+        np.add.at(sums, owner, self.points[cells.connectivity].astype(np.float64))
+        return sums / np.maximum(lengths, 1)[:, None]
+
+
+def as_numpy(value: Any, name: str) -> np.ndarray:
+    """A tensor/array as a CPU numpy array VTK can store (bool -> uint8, half -> float32)."""
+    if hasattr(value, "to_local") and not isinstance(value, torch.Tensor | np.ndarray):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype in (torch.float16, torch.bfloat16):
+            value = value.float()
+        value = value.cpu().numpy()
+    elif not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value)
+        except Exception as exc:  # pragma: no cover - numpy's own message follows
+            raise TypeError(f"{name} must be a tensor or array (got {type(value).__name__})") from exc
+    if value.dtype == np.bool_:
+        value = value.astype(np.uint8)
+    elif value.dtype == np.float16:
+        value = value.astype(np.float32)
+    if value.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must hold real numbers (got dtype {value.dtype})")
+    return np.ascontiguousarray(value)
+
+
+def _as_points(value: Any, name: str) -> np.ndarray:
+    points = as_numpy(value, name)
+    if points.ndim != 2 or points.shape[1] != 3:
+        raise ValueError(f"{name} must have shape (N, 3) (got {tuple(points.shape)})")
+    if points.dtype.kind != "f":
+        points = points.astype(np.float64)
+    return points
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"field names must be str (got {type(name).__name__})")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"field name {name!r} is reserved: meshshard.io writes it itself")
+    return name
+
+
+def _per_item(value: Any, name: str, n: int, what: str) -> np.ndarray:
+    array = as_numpy(value, f"field {name!r}")
+    if array.ndim == 0 or array.shape[0] != n:
+        raise ValueError(
+            f"field {name!r} must have one row per {what} ({n}) (got shape {tuple(array.shape)})"
+        )
+    return array
+
+
+def _select(available: Mapping[str, np.ndarray], fields: Any, n: int) -> dict[str, np.ndarray]:
+    """Apply ``fields`` (None: all, names: a subset, mapping: extra arrays) to a point cloud."""
+    if fields is None:
+        return {k: v for k, v in available.items() if k not in RESERVED_NAMES}
+    if isinstance(fields, Mapping):
+        out = {k: v for k, v in available.items() if k not in RESERVED_NAMES}
+        out.update({_check_name(k): _per_item(v, k, n, "point") for k, v in fields.items()})
+        return out
+    names = _field_names(fields)
+    missing = [k for k in names if k not in available]
+    if missing:
+        raise ValueError(f"fields {missing} not found in data (available: {sorted(available)})")
+    return {k: available[k] for k in names}
+
+
+def _field_names(fields: Any) -> list[str]:
+    if isinstance(fields, str) or not isinstance(fields, Sequence):
+        raise TypeError(
+            "fields must be None, a sequence of names or a mapping name -> array "
+            f"(got {type(fields).__name__})"
+        )
+    return [_check_name(k) for k in fields]
+
+
+def _from_cloud(points: np.ndarray, arrays: Mapping[str, Any], fields: Any) -> Dataset:
+    n = points.shape[0]
+    available = {}
+    for key, value in arrays.items():
+        if isinstance(value, torch.Tensor | np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
+            available[key] = as_numpy(value, f"field {key!r}")
+    return Dataset("points", points, _select(available, fields, n), {})
+
+
+def _vtk_array(array: Any) -> np.ndarray:
+    from vtkmodules.util.numpy_support import vtk_to_numpy
+
+    return vtk_to_numpy(array).astype(np.int64, copy=False)
+
+
+def _poly_cells(mesh: Any) -> Cells:
+    sections = (mesh.GetVerts(), mesh.GetLines(), mesh.GetPolys(), mesh.GetStrips())
+    types, offsets, connectivity, base = [], [], [], 0
+    for k, cell_array in enumerate(sections):
+        if cell_array is None or cell_array.GetNumberOfCells() == 0:
+            continue
+        off = _vtk_array(cell_array.GetOffsetsArray())
+        types.append(np.full(off.shape[0] - 1, k, dtype=np.uint8))
+        offsets.append(off[:-1] + base)
+        connectivity.append(_vtk_array(cell_array.GetConnectivityArray()))
+        base += int(off[-1])
+    if not types:
+        return Cells(np.zeros(0, np.uint8), np.zeros(1, np.int64), np.zeros(0, np.int64))
+    return Cells(
+        np.concatenate(types),
+        np.concatenate([*offsets, np.array([base], dtype=np.int64)]),
+        np.concatenate(connectivity),
+    )
+
+
+def _ugrid_cells(grid: Any) -> Cells:
+    from vtkmodules.util.numpy_support import vtk_to_numpy
+
+    cell_array = grid.GetCells()
+    types = vtk_to_numpy(grid.GetCellTypesArray()).astype(np.uint8)
+    if np.any(types == VTK_POLYHEDRON):
+        raise ValueError("data holds polyhedron cells (VTK type 42), which meshshard.io cannot split")
+    offsets = _vtk_array(cell_array.GetOffsetsArray())
+    return Cells(types, offsets, _vtk_array(cell_array.GetConnectivityArray()))
+
+
+def _from_mesh(mesh: Any, fields: Any) -> Dataset:
+    import pyvista as pv
+
+    mesh = pv.wrap(mesh)
+    if not isinstance(mesh, pv.PolyData | pv.UnstructuredGrid):
+        mesh = mesh.cast_to_unstructured_grid()
+    points = _as_points(np.asarray(mesh.points), "data.points")
+    is_poly = isinstance(mesh, pv.PolyData)
+    if is_poly and mesh.n_cells == 0:
+        return _from_cloud(points, {k: np.asarray(v) for k, v in mesh.point_data.items()}, fields)
+    cells = _poly_cells(mesh) if is_poly else _ugrid_cells(mesh)
+    point_arrays = {k: np.asarray(v) for k, v in mesh.point_data.items() if k not in RESERVED_NAMES}
+    cell_arrays = {k: np.asarray(v) for k, v in mesh.cell_data.items() if k not in RESERVED_NAMES}
+    if fields is None:
+        pass
+    elif isinstance(fields, Mapping):
+        for key, value in fields.items():
+            key = _check_name(key)
+            array = as_numpy(value, f"field {key!r}")
+            if array.ndim >= 1 and array.shape[0] == mesh.n_cells:
+                cell_arrays[key] = array
+            elif array.ndim >= 1 and array.shape[0] == mesh.n_points:
+                point_arrays[key] = array
+            else:
+                raise ValueError(
+                    f"field {key!r} must have one row per cell ({mesh.n_cells}) or per point "
+                    f"({mesh.n_points}) (got shape {tuple(array.shape)})"
+                )
+    else:
+        names = _field_names(fields)
+        missing = [k for k in names if k not in point_arrays and k not in cell_arrays]
+        if missing:
+            available = sorted({*point_arrays, *cell_arrays})
+            raise ValueError(f"fields {missing} not found in data (available: {available})")
+        point_arrays = {k: v for k, v in point_arrays.items() if k in names}
+        cell_arrays = {k: v for k, v in cell_arrays.items() if k in names}
+    point_data = {k: as_numpy(v, f"field {k!r}") for k, v in point_arrays.items()}
+    cell_data = {k: as_numpy(v, f"field {k!r}") for k, v in cell_arrays.items()}
+    return Dataset("poly" if is_poly else "ugrid", points, point_data, cell_data, cells)
+
+
+def as_dataset(data: Any, fields: Any = None) -> Dataset:
+    """Describe ``data`` (any input :mod:`meshshard.io` accepts) as a :class:`Dataset`.
+
+    ``fields``: ``None`` keeps every named per-point (per-cell) array of ``data``; a sequence of
+    names keeps those; a mapping ``name -> array`` adds arrays (one row per point, or per cell of
+    a mesh).
+    """
+    if isinstance(data, torch.Tensor | np.ndarray) or hasattr(data, "to_local"):
+        points = _as_points(data, "data")
+        if fields is not None and not isinstance(fields, Mapping):
+            raise TypeError(
+                "fields for a bare point array must be a mapping name -> array "
+                f"(got {type(fields).__name__})"
+            )
+        return _from_cloud(points, {}, fields)
+    if isinstance(data, Mapping):
+        if "pos" not in data:
+            raise ValueError(f"a sample dict needs a 'pos' entry (found keys {sorted(map(str, data))})")
+        points = _as_points(data["pos"], "data['pos']")
+        return _from_cloud(points, {k: v for k, v in data.items() if k != "pos"}, fields)
+    if type(data).__module__.startswith("torch_geometric"):
+        if getattr(data, "pos", None) is None:
+            raise ValueError("a torch_geometric Data needs a 'pos' attribute of shape (N, 3)")
+        points = _as_points(data.pos, "data.pos")
+        arrays = {k: data[k] for k in data.node_attrs() if k != "pos"}
+        return _from_cloud(points, arrays, fields)
+    module = type(data).__module__
+    if module.startswith(("pyvista", "vtkmodules", "vtk")):
+        return _from_mesh(data, fields)
+    raise TypeError(
+        "data must be an (N, 3) tensor/array, a pyvista/VTK dataset, a torch_geometric Data or a "
+        f"sample dict with 'pos' (got {type(data).__name__})"
+    )
+
+
+def partition_sizes_and_perm(partition: Any, num_items: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(perm, sizes)`` of a :class:`~meshshard.partition.Partition` as int64 numpy, checked."""
+    if not (hasattr(partition, "perm") and hasattr(partition, "sizes")):
+        raise TypeError(
+            f"partition must be a meshshard Partition with perm and sizes (got {type(partition).__name__})"
+        )
+    perm = as_numpy(partition.perm, "partition.perm").astype(np.int64, copy=False).reshape(-1)
+    sizes = as_numpy(partition.sizes, "partition.sizes").astype(np.int64, copy=False).reshape(-1)
+    if perm.shape[0] != num_items:
+        raise ValueError(f"partition covers {perm.shape[0]} items but data has {num_items} {what}")
+    if sizes.sum() != num_items or np.any(sizes < 0):
+        raise ValueError(f"partition.sizes must be >= 0 and sum to {num_items} (got {sizes.tolist()})")
+    return perm, sizes

@@ -1,0 +1,430 @@
+"""Writers for per-rank partitions: one VTK piece per rank plus the index ParaView opens."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
+from ._ghosts import check_radius, ghost_items
+from ._vtk import (
+    DUPLICATECELL,
+    DUPLICATEPOINT,
+    EXTENSIONS,
+    Piece,
+    Schema,
+    atomic_target,
+    read_schema,
+    schema_of,
+    temp_name,
+    write_index,
+    write_piece,
+)
+
+__all__ = ["read_partitions", "write_local_partition", "write_partition_index", "write_partitions"]
+
+PathLike = str | os.PathLike
+
+
+def _index_path(path: Any, kind: str) -> Path:
+    """The index file for ``path`` (a ``.pvtp``/``.pvtu`` name or a folder); its folder is created."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or os.PathLike (got {type(path).__name__})")
+    path = Path(path)
+    index_ext = EXTENSIONS["poly" if kind == "points" else kind][1]
+    what = {"points": "a point cloud", "poly": "a PolyData mesh", "ugrid": "a volume mesh"}[kind]
+    if path.suffix in (".pvtp", ".pvtu"):
+        if path.suffix != index_ext:
+            raise ValueError(f"path for {what} must end with {index_ext} (got {str(path)!r})")
+    elif path.suffix == "" or path.is_dir():
+        path = path / f"partitions{index_ext}"
+    else:
+        raise ValueError(f"path must be a folder or end with .pvtp or .pvtu (got {str(path)!r})")
+    if path.stem == "":
+        raise ValueError(f"path needs a file name before {path.suffix} (got {str(path)!r})")
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(f"cannot write partitions into {str(parent)!r}: it is not a folder")
+    parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"cannot write partitions into {str(parent)!r}: permission denied")
+    return path
+
+
+def _piece_path(index: Path, rank: int) -> Path:
+    piece_ext = ".vtp" if index.suffix == ".pvtp" else ".vtu"
+    return index.with_name(f"{index.stem}_{rank}{piece_ext}")
+
+
+def _remove_index(index: Path) -> None:
+    """Drop an index left by an earlier write, so a failure now cannot leave a stale one."""
+    for stale in (index, index.with_suffix(".vtpd")):
+        if stale.exists():
+            stale.unlink()
+
+
+def _vertices(n: int) -> Cells:
+    return Cells(np.zeros(n, np.uint8), np.arange(n + 1, dtype=np.int64), np.arange(n, dtype=np.int64))
+
+
+def _point_piece(
+    points: np.ndarray,
+    arrays: Mapping[str, np.ndarray],
+    global_ids: np.ndarray,
+    ranks: np.ndarray,
+    num_ghosts: int | None,
+) -> Piece:
+    """A point-cloud piece; its last ``num_ghosts`` points are ghosts (``None``: no ghost arrays)."""
+    n = points.shape[0]
+    point_data = {"vtkProcessId": ranks.astype(np.int32), "GlobalPointIds": global_ids.astype(np.int64)}
+    point_data.update(arrays)
+    cell_data = {}
+    if num_ghosts is not None:
+        ghost = np.zeros(n, dtype=np.uint8)
+        ghost[n - num_ghosts:] = DUPLICATEPOINT
+        point_data["vtkGhostType"] = ghost
+        cell_data["vtkGhostType"] = np.where(ghost > 0, DUPLICATECELL, 0).astype(np.uint8)
+    # One vertex cell per point: ParaView draws cells, and hides ghost cells.
+    return Piece("poly", points, _vertices(n), point_data, cell_data)
+
+
+def _cloud_pieces(
+    ds: Dataset, perm: np.ndarray, sizes: np.ndarray, owner: np.ndarray, ghosts: list[np.ndarray] | None
+) -> Iterator[Piece]:
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    for r in range(len(sizes)):
+        ids = perm[offsets[r]:offsets[r + 1]]
+        if ghosts is not None:
+            ids = np.concatenate([ids, ghosts[r]])
+        arrays = {k: v[ids] for k, v in ds.point_data.items()}
+        num_ghosts = None if ghosts is None else len(ghosts[r])
+        yield _point_piece(ds.points[ids], arrays, ids, owner[ids], num_ghosts)
+
+
+def _mesh_pieces(
+    ds: Dataset, perm: np.ndarray, sizes: np.ndarray, owner: np.ndarray, ghosts: list[np.ndarray] | None
+) -> Iterator[Piece]:
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    for r in range(len(sizes)):
+        ids = perm[offsets[r]:offsets[r + 1]]
+        is_ghost = np.zeros(len(ids), dtype=bool)
+        if ghosts is not None:
+            ids = np.concatenate([ids, ghosts[r]])
+            is_ghost = np.concatenate([is_ghost, np.ones(len(ghosts[r]), dtype=bool)])
+        if ds.kind == "poly":  # VTK stores verts, lines, polys, strips in that order
+            order = np.argsort(ds.cells.types[ids], kind="stable")
+            ids, is_ghost = ids[order], is_ghost[order]
+        cells = ds.cells.gather(ids)
+        point_ids, local = np.unique(cells.connectivity, return_inverse=True)
+        cells.connectivity = local.reshape(-1).astype(np.int64)
+        point_data = {"GlobalPointIds": point_ids}
+        point_data.update({k: v[point_ids] for k, v in ds.point_data.items()})
+        cell_data = {"vtkProcessId": owner[ids].astype(np.int32), "GlobalCellIds": ids}
+        cell_data.update({k: v[ids] for k, v in ds.cell_data.items()})
+        if ghosts is not None:
+            # A point is a ghost when no owned cell uses it.
+            used = np.zeros(len(point_ids), dtype=bool)
+            used[cells.connectivity[~np.repeat(is_ghost, np.diff(cells.offsets))]] = True
+            point_data["vtkGhostType"] = np.where(used, 0, DUPLICATEPOINT).astype(np.uint8)
+            cell_data["vtkGhostType"] = np.where(is_ghost, DUPLICATECELL, 0).astype(np.uint8)
+        yield Piece(ds.kind, ds.points[point_ids], cells, point_data, cell_data)
+
+
+def write_partitions(
+    data: Any,
+    partition: Any,
+    path: PathLike,
+    fields: Any = None,
+    ghost_radius: float | None = None,
+) -> Path:
+    """Write one VTK piece per rank and the parallel index ParaView opens.
+
+    A point cloud is split over its points into ``<stem>_<r>.vtp`` pieces (one vertex cell per
+    point) indexed by ``<stem>.pvtp``; a mesh is split over its cells (each piece holds its
+    cells with their points) into ``.vtp`` (PolyData) or ``.vtu`` (other meshes) pieces indexed by
+    ``.pvtp``/``.pvtu``. A ``<stem>.vtpd`` partitioned dataset (one partition per rank, same
+    piece files) is written for ``pyvista.read``. Every rank gets a piece, empty or not.
+
+    Arrays written: ``vtkProcessId`` (int32, owning rank; on points of a cloud, on cells of a
+    mesh), ``GlobalPointIds`` (int64, index of the point in ``data``, set as VTK global ids),
+    ``GlobalCellIds`` (meshes), the chosen fields, and with ``ghost_radius`` ``vtkGhostType``
+    (uint8) on points and cells.
+
+    Parameters
+    ----------
+    data
+        An ``(N, 3)`` tensor/array, a pyvista/VTK dataset, a ``torch_geometric.data.Data`` (``pos``
+        and node attributes) or a sample dict ``{"pos": (N, 3), name: (N, ...)}``.
+    partition
+        A :class:`~meshshard.partition.Partition` of the points (the cells of a mesh).
+    path
+        The index file (``.pvtp`` for clouds and PolyData, ``.pvtu`` for other meshes) or a folder,
+        which gets ``partitions.pvtp``/``.pvtu``. Missing folders are created.
+    fields
+        ``None``: every named array of ``data``; a sequence of names: those; a mapping
+        ``name -> array``: extra arrays with one row per point (per cell or per point of a mesh).
+    ghost_radius
+        Append to each piece the items owned by other ranks within this distance of one of its
+        items (points of a cloud, cell centres of a mesh; closed ball), marked ``vtkGhostType = 1``
+        (DUPLICATEPOINT on points, DUPLICATECELL on cells); their ``vtkProcessId`` is their owner.
+
+    Returns
+    -------
+    pathlib.Path
+        The index file. It is written last, after every piece has been renamed into place; if
+        anything fails, no index (and no temporary file) is left.
+
+    **Shapes**: pieces hold ``N_local`` owned items in partition order, then ``N_ghost`` ghosts
+    sorted by global id.
+
+    Examples
+    --------
+    >>> import torch, meshshard.io as msio
+    >>> from meshshard.partition import Partition
+    >>> part = Partition(perm=torch.tensor([2, 0, 1, 3]), sizes=torch.tensor([1, 3]))
+    >>> msio.write_partitions(torch.rand(4, 3), part, "/tmp/ms_doc/cloud.pvtp").name
+    'cloud.pvtp'
+    """
+    ds = as_dataset(data, fields)
+    what = "points" if ds.cells is None else "cells"
+    perm, sizes = partition_sizes_and_perm(partition, ds.num_items, what)
+    radius = None if ghost_radius is None else check_radius(ghost_radius)
+    index = _index_path(path, ds.kind)
+    owner = np.empty(ds.num_items, dtype=np.int64)
+    owner[perm] = np.repeat(np.arange(len(sizes)), sizes)
+    ghosts = None if radius is None else ghost_items(ds.centres(), owner, radius, len(sizes))
+    make = _cloud_pieces if ds.cells is None else _mesh_pieces
+    _write_all(index, make(ds, perm, sizes, owner, ghosts))
+    return index
+
+
+def _write_all(index: Path, pieces: Iterator[Piece]) -> None:
+    """Write every piece to a temporary name, rename them all, then write the index."""
+    _remove_index(index)
+    written: list[tuple[Path, Path]] = []
+    schema: Schema | None = None
+    try:
+        for rank, piece in enumerate(pieces):
+            schema = schema or schema_of(piece)
+            target = _piece_path(index, rank)
+            tmp = temp_name(target)
+            written.append((tmp, target))
+            write_piece(piece, tmp)
+        for tmp, target in written:
+            os.replace(tmp, target)
+    finally:
+        for tmp, _ in written:
+            if tmp.exists():
+                tmp.unlink()
+    if schema is None:
+        raise ValueError("partition has no parts")
+    write_index(index, schema, [target.name for _, target in written])
+
+
+def _local_rows(value: Any, name: str, n: int) -> np.ndarray:
+    array = as_numpy(value, name)
+    if array.ndim == 0 or array.shape[0] != n:
+        raise ValueError(f"{name} must have {n} rows (got shape {tuple(array.shape)})")
+    return array
+
+
+def _dist_state(group: Any) -> tuple[bool, int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return True, dist.get_rank(group), dist.get_world_size(group)
+    return False, -1, 0
+
+
+def _all_ok(ok: bool, group: Any) -> bool:
+    """All-reduce (MIN) of one flag over ``group``: did every rank succeed?"""
+    import torch.distributed as dist
+
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def _default_global_ids(local_points: Any, n: int, rank: int, collective: bool, group: Any) -> np.ndarray:
+    offsets = getattr(local_points, "offsets", None)
+    if offsets is not None:
+        return np.arange(n, dtype=np.int64) + int(offsets[rank])
+    if not collective:
+        raise ValueError("global_ids is required when no process group is initialised")
+    import torch.distributed as dist
+
+    sizes = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sizes, n, group=group)
+    return np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
+
+
+def write_local_partition(
+    local_points: Any,
+    path: PathLike,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    global_ids: Any = None,
+    ghost_points: Any = None,
+    ghost_fields: Mapping[str, Any] | None = None,
+    ghost_global_ids: Any = None,
+    ghost_ranks: Any = None,
+    rank: int | None = None,
+    num_ranks: int | None = None,
+    group: Any = None,
+) -> Path:
+    """Write this rank's piece of a distributed point cloud; rank 0 then writes the index.
+
+    Each rank writes ``<stem>_<rank>.vtp`` next to the index from its local tensors (plain or
+    :class:`~meshshard.ShardTensor`); nothing is gathered. Under an initialised process group
+    every rank must call this; once all pieces are in place rank 0 writes ``<stem>.pvtp`` and
+    ``<stem>.vtpd``. Without a process group only the piece is written: call
+    :func:`write_partition_index` once every piece exists.
+
+    Parameters
+    ----------
+    local_points
+        ``(N_local, 3)`` owned points.
+    path
+        The ``.pvtp`` index (or a folder), the same on every rank.
+    fields
+        ``name -> (N_local, ...)`` arrays; the same names and dtypes on every rank.
+    global_ids
+        ``(N_local,)`` global index of each point. Default: the ShardTensor's offset plus the local
+        index, or (plain tensors under a process group) the same from one ``all_gather_object``
+        of the local sizes.
+    ghost_points, ghost_fields, ghost_global_ids, ghost_ranks
+        ``(N_ghost, 3)`` ghost points with their fields, global ids and owning ranks (e.g. from a
+        halo exchange), marked ``vtkGhostType = 1``. Give them on every rank or on none.
+    rank, num_ranks, group
+        Default: the rank and size of ``group`` (the default process group).
+
+    Returns
+    -------
+    pathlib.Path
+        The index file.
+
+    **Communication**: under a process group, two all-reduces of one int32 over ``group`` (every
+    piece written? the index written?), plus one ``all_gather_object`` of an int when global ids
+    must be derived from plain tensors.
+    """
+    collective, group_rank, group_size = _dist_state(group)
+    rank = group_rank if rank is None else rank
+    num_ranks = group_size if num_ranks is None else num_ranks
+    if not isinstance(rank, int) or not isinstance(num_ranks, int) or not 0 <= rank < num_ranks:
+        raise ValueError(f"rank must satisfy 0 <= rank < num_ranks (got rank={rank}, num_ranks={num_ranks})")
+    if collective and (rank, num_ranks) != (group_rank, group_size):
+        raise ValueError(
+            f"rank/num_ranks ({rank}/{num_ranks}) differ from the process group's ({group_rank}/{group_size})"
+        )
+    index = _index_path(path, "points")
+    if index.suffix != ".pvtp":
+        raise ValueError(f"a distributed point cloud is written as .pvtp (got {str(index)!r})")
+    if collective and rank == 0:
+        _remove_index(index)
+
+    points = as_dataset(local_points).points
+    n = points.shape[0]
+    fields = dict(fields or {})
+    arrays = {k: _local_rows(v, f"fields[{k!r}]", n) for k, v in fields.items()}
+    if global_ids is None:
+        ids = _default_global_ids(local_points, n, rank, collective, group)
+    else:
+        ids = _local_rows(global_ids, "global_ids", n).reshape(-1)
+    ranks = np.full(n, rank, dtype=np.int32)
+    num_ghosts = None
+    if ghost_points is not None:
+        g_points = as_dataset(ghost_points).points.astype(points.dtype)
+        num_ghosts = g = g_points.shape[0]
+        if ghost_global_ids is None or ghost_ranks is None:
+            raise ValueError("ghost_points needs ghost_global_ids and ghost_ranks")
+        g_fields = dict(ghost_fields or {})
+        if set(g_fields) != set(arrays):
+            raise ValueError(
+                f"ghost_fields must have the keys of fields {sorted(arrays)} (got {sorted(g_fields)})"
+            )
+        points = np.concatenate([points, g_points])
+        arrays = {
+            k: np.concatenate([v, _local_rows(g_fields[k], f"ghost_fields[{k!r}]", g).astype(v.dtype)])
+            for k, v in arrays.items()
+        }
+        ids = np.concatenate([ids, _local_rows(ghost_global_ids, "ghost_global_ids", g).reshape(-1)])
+        ranks = np.concatenate([ranks, _local_rows(ghost_ranks, "ghost_ranks", g).reshape(-1)])
+    piece = _point_piece(points, arrays, ids, ranks, num_ghosts)
+
+    error: BaseException | None = None
+    try:
+        atomic_target(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp))
+    except Exception as exc:  # reported after the collective, so no rank is left waiting
+        error = exc
+    if collective:
+        pieces_ok = _all_ok(error is None, group)
+        if error is not None:
+            raise error
+        if not pieces_ok:
+            raise RuntimeError(f"rank {rank}: another rank failed to write its piece; no index was written")
+        if rank == 0:
+            try:
+                write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(num_ranks)])
+            except Exception as exc:
+                error = exc
+        if not _all_ok(error is None, group):
+            if error is not None:
+                raise error
+            raise RuntimeError(f"rank {rank}: rank 0 failed to write the index {index}")
+    elif error is not None:
+        raise error
+    return index
+
+
+def write_partition_index(path: PathLike, num_ranks: int) -> Path:
+    """Write the ``.pvtp``/``.pvtu`` (and ``.vtpd``) index for pieces ``<stem>_0 .. <stem>_{P-1}``.
+
+    For pieces written without a process group (:func:`write_local_partition` in separate jobs).
+    The arrays declared are read from piece 0; every piece must exist.
+    """
+    if not isinstance(num_ranks, int) or num_ranks < 1:
+        raise ValueError(f"num_ranks must be a positive int (got {num_ranks!r})")
+    as_path = Path(path) if isinstance(path, str | os.PathLike) else path
+    kind = "ugrid" if isinstance(as_path, Path) and as_path.suffix == ".pvtu" else "poly"
+    index = _index_path(path, kind)
+    pieces = [_piece_path(index, r) for r in range(num_ranks)]
+    missing = [p.name for p in pieces if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"cannot index {index.name}: missing pieces {missing}")
+    write_index(index, read_schema(pieces[0], kind), [p.name for p in pieces])
+    return index
+
+
+def read_partitions(path: PathLike) -> Any:
+    """Read a ``.pvtp``/``.pvtu`` index (all pieces appended) or ``.vtpd`` as a pyvista object.
+
+    ``pyvista.read`` handles ``.pvtu`` and ``.vtpd`` but not ``.pvtp``; this reads all three.
+    Ghosts are kept: select ``vtkGhostType == 0`` to drop them.
+    """
+    import pyvista as pv
+
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path must be a str or os.PathLike (got {type(path).__name__})")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no partition index at {str(path)!r}")
+    if path.suffix == ".pvtp":
+        from vtkmodules.vtkIOXML import vtkXMLPPolyDataReader as Reader
+    elif path.suffix == ".pvtu":
+        from vtkmodules.vtkIOXML import vtkXMLPUnstructuredGridReader as Reader
+    elif path.suffix == ".vtpd":
+        return pv.read(path)
+    else:
+        raise ValueError(f"path must end with .pvtp, .pvtu or .vtpd (got {str(path)!r})")
+    reader = Reader()
+    reader.SetFileName(str(path))
+    reader.Update()
+    return pv.wrap(reader.GetOutput())
