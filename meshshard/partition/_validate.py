@@ -1,0 +1,132 @@
+"""Argument checks shared by the partitioners: each names the argument and what was found."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "as_points",
+    "check_fractions",
+    "check_method",
+    "check_num_parts",
+    "check_weights",
+]
+
+METHODS = ("rcb", "morton", "hilbert")
+
+
+def _type_name(x: Any) -> str:
+    return type(x).__name__
+
+
+def as_points(points: Any, name: str = "points") -> torch.Tensor:
+    """Return ``points`` as a finite floating ``(N, 2)`` or ``(N, 3)`` tensor (no copy if possible).
+
+    Accepts a :class:`torch.Tensor`, a :class:`numpy.ndarray`, or an object with a ``pos`` tensor
+    (``torch_geometric.data.Data``). Integer coordinates are converted to ``float64``.
+    """
+    if not isinstance(points, torch.Tensor | np.ndarray) and hasattr(points, "pos"):
+        points = points.pos
+        name = f"{name}.pos"
+    if isinstance(points, np.ndarray):
+        if points.dtype.kind not in "fiu":
+            raise TypeError(f"{name} must hold real numbers (got numpy dtype {points.dtype})")
+        points = torch.from_numpy(np.ascontiguousarray(points))
+    elif not isinstance(points, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor or numpy.ndarray of shape (N, 2) or (N, 3) "
+            f"(got {_type_name(points)})"
+        )
+    if points.dtype == torch.bool or points.is_complex():
+        raise TypeError(f"{name} must hold real numbers (got {points.dtype})")
+    if not points.is_floating_point():
+        points = points.to(torch.float64)
+    if points.ndim != 2 or points.shape[1] not in (2, 3):
+        raise ValueError(f"{name} must have shape (N, 2) or (N, 3) (got {tuple(points.shape)})")
+    finite = torch.isfinite(points).all(dim=1)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()
+        raise ValueError(
+            f"{name} must be finite (found {bad.numel()} rows with NaN/Inf, first at row {int(bad[0])})"
+        )
+    return points
+
+
+def check_num_parts(num_parts: Any, name: str = "num_parts") -> int:
+    """Return ``num_parts`` as an ``int >= 1``."""
+    if isinstance(num_parts, bool):
+        raise TypeError(f"{name} must be an integer (got bool)")
+    try:
+        value = operator.index(num_parts)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer (got {_type_name(num_parts)})") from None
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 (got {value})")
+    return value
+
+
+def check_method(method: Any) -> str:
+    """Return ``method`` if it names a known partitioner."""
+    if not isinstance(method, str):
+        raise TypeError(f"method must be a string (got {_type_name(method)})")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(repr(m) for m in METHODS)} (got {method!r})")
+    return method
+
+
+def _as_vector(x: Any, name: str) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "fiub":
+            raise TypeError(f"{name} must hold real numbers (got numpy dtype {x.dtype})")
+        return torch.from_numpy(np.ascontiguousarray(x))
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, list | tuple):
+        try:
+            return torch.as_tensor(x, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be a sequence of numbers (got {x!r})") from None
+    raise TypeError(f"{name} must be a torch.Tensor, numpy.ndarray or sequence (got {_type_name(x)})")
+
+
+def check_weights(weights: Any, num_points: int, device: torch.device) -> torch.Tensor:
+    """Return per-point weights as a ``float64`` tensor of shape ``(N,)`` on ``device``."""
+    w = _as_vector(weights, "weights")
+    if w.is_complex():
+        raise TypeError(f"weights must hold real numbers (got {w.dtype})")
+    if w.ndim != 1 or w.shape[0] != num_points:
+        raise ValueError(f"weights must have shape ({num_points},) like points (got {tuple(w.shape)})")
+    w = w.to(device=device, dtype=torch.float64)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"weights must be finite (found {int((~torch.isfinite(w)).sum())} NaN/Inf values)")
+    if bool((w < 0).any()):
+        neg = (w < 0).nonzero()
+        raise ValueError(
+            f"weights must be non-negative (found {neg.numel()} negative values, "
+            f"first {float(w[neg[0, 0]])} at index {int(neg[0, 0])})"
+        )
+    if num_points > 0 and not bool(w.sum() > 0):
+        raise ValueError("weights must have a positive sum (got all zeros)")
+    return w
+
+
+def check_fractions(fractions: Any, num_parts: int, device: torch.device, tol: float = 1e-6) -> torch.Tensor:
+    """Return per-part target shares as a ``float64`` tensor of shape ``(P,)`` summing to exactly 1."""
+    f = _as_vector(fractions, "fractions")
+    if f.is_complex() or f.dtype == torch.bool:
+        raise TypeError(f"fractions must hold real numbers (got {f.dtype})")
+    if f.ndim != 1 or f.shape[0] != num_parts:
+        raise ValueError(f"fractions must have shape ({num_parts},) = (num_parts,) (got {tuple(f.shape)})")
+    f = f.to(dtype=torch.float64)
+    if not bool(torch.isfinite(f).all()):
+        raise ValueError(f"fractions must be finite (got {f.tolist()})")
+    if bool((f < 0).any()):
+        raise ValueError(f"fractions must be non-negative (got {f.tolist()})")
+    total = float(f.sum())
+    if abs(total - 1.0) > tol:
+        raise ValueError(f"fractions must sum to 1 (got sum {total:.9g})")
+    return (f / total).to(device)
