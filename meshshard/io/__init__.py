@@ -9,9 +9,13 @@ PNG coloured by rank; :func:`plot_partition_quality` a bar chart of points and g
 
 from __future__ import annotations
 
+from ._render import plot_partition_quality, rank_colors, render_partitions
 from ._write import read_partitions, write_local_partition, write_partition_index, write_partitions
 
 __all__ = [
+    "plot_partition_quality",
+    "rank_colors",
+    "render_partitions",
     "read_partitions",
     "write_local_partition",
     "write_partition_index",

@@ -243,13 +243,17 @@ def _from_mesh(mesh: Any, fields: Any) -> Dataset:
     return Dataset("poly" if is_poly else "ugrid", points, point_data, cell_data, cells)
 
 
-def as_dataset(data: Any, fields: Any = None) -> Dataset:
+def as_dataset(data: Any, fields: Any = None, arrays: bool = True) -> Dataset:
     """Describe ``data`` (any input :mod:`meshshard.io` accepts) as a :class:`Dataset`.
 
     ``fields``: ``None`` keeps every named per-point (per-cell) array of ``data``; a sequence of
     names keeps those; a mapping ``name -> array`` adds arrays (one row per point, or per cell of
-    a mesh).
+    a mesh). ``arrays=False`` reads the geometry only.
     """
+    if not arrays:
+        ds = as_dataset(data, fields=[] if _has_named_arrays(data) else None)
+        ds.point_data, ds.cell_data = {}, {}
+        return ds
     if isinstance(data, torch.Tensor | np.ndarray) or hasattr(data, "to_local"):
         points = _as_points(data, "data")
         if fields is not None and not isinstance(fields, Mapping):
@@ -276,6 +280,10 @@ def as_dataset(data: Any, fields: Any = None) -> Dataset:
         "data must be an (N, 3) tensor/array, a pyvista/VTK dataset, a torch_geometric Data or a "
         f"sample dict with 'pos' (got {type(data).__name__})"
     )
+
+
+def _has_named_arrays(data: Any) -> bool:
+    return not (isinstance(data, torch.Tensor | np.ndarray) or hasattr(data, "to_local"))
 
 
 def partition_sizes_and_perm(partition: Any, num_items: int, what: str) -> tuple[np.ndarray, np.ndarray]:
