@@ -1,1 +1,11 @@
-"""placeholder: filled by its issue."""
+"""Sharded operations and the sharding rules of ``ShardTensor``.
+
+Importing this package registers every rule (local, shape, reduction/contraction); the
+point-cloud ops that need other ranks' data (ball query, kNN) live here too.
+"""
+
+from __future__ import annotations
+
+from . import _rules_local, _rules_reduce, _rules_shape  # noqa: F401  (registration side effects)
+
+__all__: list[str] = []

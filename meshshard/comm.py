@@ -1,0 +1,237 @@
+"""Differentiable collectives and a collective counter.
+
+Every collective meshshard issues goes through this module, as an ``autograd.Function`` with a
+documented backward, and is recorded by any active :class:`CommCounter`.
+
+Gradient convention (why ``all_reduce``'s backward is an all-reduce)
+--------------------------------------------------------------------
+A *sharded* tensor's gradient is exact on the rank that owns each element. A *replicated* tensor
+(the same value on every rank of the group, e.g. the result of a reduction over the sharded
+dimension, or a parameter) carries a **partial** gradient on each rank: the true gradient is the
+sum over the group. This is what falls out naturally when a replicated value (a weight, a slice
+token) is consumed by local work on each rank's shard, and it makes every parameter's gradient
+partial, so :func:`meshshard.nn.sync_gradients` is one uniform sum. Consequences:
+
+* ``all_reduce`` (sharded partial sums -> replicated): backward turns the partial gradient of the
+  replicated result into the true gradient of every rank's input with another sum all-reduce.
+* A replicated *loss* must be seeded with ``1 / P`` on each rank so the seeds sum to one;
+  reductions return a :class:`~meshshard.tensor.ReplicatedTensor` whose ``backward()`` does that.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "CommCounter",
+    "all_reduce",
+    "all_reduce_max",
+    "all_gather_object_sizes",
+    "all_to_all",
+    "gather_uneven",
+]
+
+_ACTIVE: list[CommCounter] = []
+_LOCK = threading.Lock()
+
+
+@dataclass
+class CommCounter:
+    """Count the collectives (and bytes sent by this rank) issued inside a ``with`` block.
+
+    >>> with CommCounter() as cc:        # doctest: +SKIP
+    ...     y = x.mean(dim=0)
+    >>> cc.counts["all_reduce"]          # doctest: +SKIP
+    1
+
+    ``counts`` maps a collective's name (``all_reduce``, ``all_to_all``, ``all_gather``) to how
+    many times it ran, forward and backward alike; ``bytes_sent`` maps it to the bytes this rank
+    put on the wire (an all-reduce counts its buffer once).
+    """
+
+    counts: Counter = field(default_factory=Counter)
+    bytes_sent: Counter = field(default_factory=Counter)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __enter__(self) -> CommCounter:
+        with _LOCK:
+            _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _LOCK:
+            _ACTIVE.remove(self)
+
+
+def _record(name: str, nbytes: int) -> None:
+    for counter in _ACTIVE:
+        counter.counts[name] += 1
+        counter.bytes_sent[name] += int(nbytes)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _world(group: dist.ProcessGroup | None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        _record("all_reduce", _nbytes(out))
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # The output is replicated, so its gradient is partial on each rank (see module docstring).
+        out = grad.clone(memory_format=torch.contiguous_format)
+        _record("all_reduce", _nbytes(out))
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out, None
+
+
+def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Differentiable sum all-reduce: every rank gets ``sum_r tensor_r`` (a new tensor).
+
+    **Communication:** one ``all_reduce`` of ``tensor.nbytes`` forward; one of the same size in
+    backward. With a group of one rank (or no process group) it is the identity and sends nothing.
+    """
+    if _world(group) == 1:
+        return tensor
+    return _AllReduceSum.apply(tensor, group)
+
+
+def all_reduce_max(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Element-wise max over ranks, **not** differentiable (used for shifts and arg-reductions)."""
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    if _world(group) == 1:
+        return out
+    _record("all_reduce", _nbytes(out))
+    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out
+
+
+def _all_to_all_raw(
+    tensor: torch.Tensor,
+    send_sizes: Sequence[int],
+    recv_sizes: Sequence[int],
+    group: dist.ProcessGroup | None,
+) -> torch.Tensor:
+    """``all_to_all_single`` along dim 0 with uneven split sizes (gloo and NCCL both accept it)."""
+    tensor = tensor.contiguous()
+    out = tensor.new_empty((int(sum(recv_sizes)), *tensor.shape[1:]))
+    row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])
+    _record("all_to_all", row_bytes * int(sum(send_sizes)))
+    if tensor.dtype == torch.bool:  # gloo does not move bools
+        out_u8 = out.to(torch.uint8)
+        dist.all_to_all_single(out_u8, tensor.to(torch.uint8), list(recv_sizes), list(send_sizes), group=group)
+        return out_u8.to(torch.bool)
+    dist.all_to_all_single(out, tensor, list(map(int, recv_sizes)), list(map(int, send_sizes)), group=group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, send_sizes, recv_sizes, group):
+        ctx.send_sizes, ctx.recv_sizes, ctx.group = send_sizes, recv_sizes, group
+        return _all_to_all_raw(tensor, send_sizes, recv_sizes, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Rows went r -> s in forward; their gradients go s -> r.
+        return _all_to_all_raw(grad, ctx.recv_sizes, ctx.send_sizes, ctx.group), None, None, None
+
+
+def all_to_all(
+    tensor: torch.Tensor,
+    send_sizes: Sequence[int],
+    recv_sizes: Sequence[int],
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Differentiable uneven all-to-all along dim 0.
+
+    Rank r sends rows ``tensor[sum(send_sizes[:s]) : sum(send_sizes[:s+1])]`` to rank s and
+    receives ``recv_sizes[s]`` rows from rank s, concatenated in rank order.
+
+    **Shapes:** ``tensor`` ``(sum(send_sizes), *C)`` -> ``(sum(recv_sizes), *C)``.
+
+    **Communication:** one ``all_to_all_single`` forward (this rank sends
+    ``sum(send_sizes) * row_bytes``, its own block included), one in backward with the roles of
+    the sizes swapped. Backward only routes gradients; rows sent to several ranks have their
+    gradients added by the autograd of whatever gathered them (e.g. ``index_select``).
+    """
+    if tensor.shape[0] != sum(send_sizes):
+        raise ValueError(
+            f"all_to_all: tensor has {tensor.shape[0]} rows but send_sizes sum to {sum(send_sizes)}"
+        )
+    if _world(group) == 1:
+        return tensor
+    return _AllToAll.apply(tensor, tuple(map(int, send_sizes)), tuple(map(int, recv_sizes)), group)
+
+
+class _GatherUneven(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local, sizes, dim, group):
+        ctx.sizes, ctx.dim, ctx.group = sizes, dim, group
+        rank = dist.get_rank(group)
+        moved = local.movedim(dim, 0)
+        # Each rank sends its whole shard to every rank: gloo rejects uneven all_gather.
+        send = moved.repeat(len(sizes), *([1] * (moved.dim() - 1))) if moved.shape[0] else moved
+        send_sizes = [sizes[rank]] * len(sizes)
+        full = _all_to_all_raw(send, send_sizes, sizes, group)
+        return full.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The full tensor is replicated: its gradient is partial on every rank. The true gradient
+        # of this rank's shard is the sum over ranks of their partial gradients on its rows: a
+        # reduce-scatter, done as an all-to-all followed by a local sum.
+        sizes, group = ctx.sizes, ctx.group
+        rank = dist.get_rank(group)
+        moved = grad.movedim(ctx.dim, 0).contiguous()
+        recv_sizes = [sizes[rank]] * len(sizes)
+        parts = _all_to_all_raw(moved, sizes, recv_sizes, group)
+        local = parts.reshape(len(sizes), sizes[rank], *moved.shape[1:]).sum(0)
+        return local.movedim(0, ctx.dim), None, None, None
+
+
+def gather_uneven(
+    local: torch.Tensor, sizes: Sequence[int], dim: int = 0, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """Concatenate every rank's shard along ``dim`` on every rank (uneven sizes allowed).
+
+    **Communication:** one ``all_to_all_single`` forward (this rank sends its shard to each of
+    the P ranks: ``P * N_local * row_bytes``); one in backward (a reduce-scatter of the partial
+    gradients: ``N_global * row_bytes``).
+    """
+    sizes = tuple(int(s) for s in sizes)
+    if _world(group) == 1:
+        return local
+    return _GatherUneven.apply(local, sizes, dim, group)
+
+
+def all_gather_object_sizes(n: int, group: dist.ProcessGroup | None = None, device=None) -> tuple[int, ...]:
+    """All-gather one integer per rank (e.g. local lengths); one small ``all_gather``."""
+    world = _world(group)
+    if world == 1:
+        return (int(n),)
+    t = torch.tensor([int(n)], dtype=torch.long, device=device)
+    out = [torch.empty_like(t) for _ in range(world)]
+    _record("all_gather", _nbytes(t))
+    dist.all_gather(out, t, group=group)
+    return tuple(int(o.item()) for o in out)
