@@ -49,7 +49,9 @@ def read_csv_row(path: str | os.PathLike[str]) -> dict[str, float]:
     path = Path(path)
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     if len(lines) < 2:
-        raise DatasetError(f"{path}: expected a header row and a value row (got {len(lines)} non-empty lines)")
+        raise DatasetError(
+            f"{path}: expected a header row and a value row (got {len(lines)} non-empty lines)"
+        )
     names = [n.strip() for n in lines[0].split(",")]
     try:
         values = [float(v) for v in lines[1].split(",")]
@@ -71,7 +73,9 @@ def _select_fields(
             raise ValueError(f"fields keys must be 'surface' or 'volume' (got {sorted(unknown)})")
         chosen = fields.get(kind, default)
     elif isinstance(fields, str):
-        raise TypeError("fields must be a sequence of names or a dict {'surface': [...], 'volume': [...]} (got str)")
+        raise TypeError(
+            "fields must be a sequence of names or a dict {'surface': [...], 'volume': [...]} (got str)"
+        )
     else:
         chosen = fields
     return tuple(chosen)
@@ -179,7 +183,11 @@ class DrivaerML:
         names = self.surface_fields if fields is None else tuple(fields)
         mesh = read_cell_mesh(self.surface_path(run), names, FIELD_COMPONENTS)
         normals, areas = polygon_normals_areas(mesh.points, mesh.connectivity, mesh.offsets)
-        out = {"pos": cell_centres(mesh.points, mesh.connectivity, mesh.offsets), "normals": normals, "areas": areas}
+        out = {
+            "pos": cell_centres(mesh.points, mesh.connectivity, mesh.offsets),
+            "normals": normals,
+            "areas": areas,
+        }
         out.update(mesh.cell_data)
         return out
 

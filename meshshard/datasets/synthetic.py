@@ -171,9 +171,7 @@ def car_surface(params: CarParameters, num_faces: int) -> tuple[np.ndarray, np.n
     return vertices, faces
 
 
-def surface_fields(
-    params: CarParameters, centres: np.ndarray, normals: np.ndarray
-) -> dict[str, np.ndarray]:
+def surface_fields(params: CarParameters, centres: np.ndarray, normals: np.ndarray) -> dict[str, np.ndarray]:
     """Mean pressure [Pa], pressure coefficient and wall shear stress [Pa] on the body cells.
 
     **Shapes**: ``centres``, ``normals`` (N, 3) -> ``pMeanTrim`` (N,), ``CpMeanTrim`` (N,),
@@ -302,7 +300,9 @@ def _volume_mesh(
     nx, ny, nz = (len(v) for v in nodes)
     points = np.stack(np.meshgrid(*nodes, indexing="ij"), -1).reshape(-1, 3)
     # Jitter interior nodes by up to 8% of the local spacing: an irregular, still valid mesh.
-    spacing = [np.minimum(np.diff(v, prepend=v[1] - v[0]), np.diff(v, append=2 * v[-1] - v[-2])) for v in nodes]
+    spacing = [
+        np.minimum(np.diff(v, prepend=v[1] - v[0]), np.diff(v, append=2 * v[-1] - v[-2])) for v in nodes
+    ]
     local = np.stack(np.meshgrid(*spacing, indexing="ij"), -1).reshape(-1, 3)
     interior = [np.r_[False, np.ones(len(v) - 2, dtype=bool), False] for v in nodes]
     inner = np.stack(np.meshgrid(*interior, indexing="ij"), -1).reshape(-1, 3)
@@ -463,7 +463,11 @@ def make_synthetic_drivaerml(
     >>> sorted(p.name for p in runs[0].iterdir())  # doctest: +NORMALIZE_WHITESPACE
     ['boundary_1.vtp', 'drivaer_1.stl', 'force_mom_1.csv', 'geo_parameters_1.csv']
     """
-    for name, value in (("num_runs", num_runs), ("surface_cells", surface_cells), ("volume_cells", volume_cells)):
+    for name, value in (
+        ("num_runs", num_runs),
+        ("surface_cells", surface_cells),
+        ("volume_cells", volume_cells),
+    ):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int (got {type(value).__name__})")
     if num_runs < 1:
