@@ -192,10 +192,8 @@ def _poly_cells(mesh: Any) -> Cells:
 
 
 def _ugrid_cells(grid: Any) -> Cells:
-    from vtkmodules.util.numpy_support import vtk_to_numpy
-
     cell_array = grid.GetCells()
-    types = vtk_to_numpy(grid.GetCellTypesArray()).astype(np.uint8)
+    types = np.asarray(grid.celltypes).astype(np.uint8)  # pyvista hides VTK's API churn here
     if np.any(types == VTK_POLYHEDRON):
         raise ValueError("data holds polyhedron cells (VTK type 42), which meshshard.io cannot split")
     offsets = _vtk_array(cell_array.GetOffsetsArray())
