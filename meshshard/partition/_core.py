@@ -148,8 +148,7 @@ def partition(
         "fractions": None if fractions is None else f.tolist(),
     }
     if method == "rcb":
-        owner, regions = rcb(pts, None if weights is None else w, cum_fractions)
-        boxes = part_boxes(pts, owner, num_parts)
+        owner, regions, boxes = rcb(pts, None if weights is None else w, cum_fractions)
     else:
         bits = DEFAULT_BITS[dim]
         params["bits"] = bits

@@ -1,23 +1,27 @@
 r"""Recursive coordinate bisection (a k-d tree), one tree level at a time for all nodes at once.
 
-Every axis is sorted once. Each of the ``D`` sorted lists is kept grouped by tree node (every node
-a contiguous segment, sorted by that axis inside the segment), so at each level:
+State: the tree node of every point (in the original order) and, per node, its parts ``[p0, p1)``
+and its cell ``[lo, hi]``. At each level, for all nodes together:
 
-* a node's bounding box is read off the first and last entry of its segment in each list;
-* its cut axis is the longest extent (lowest axis on ties); the list of that axis gives the node's
-  points in cut order, and a single global prefix sum of weights over these segments locates
-  every node's weighted median with one ``searchsorted``;
-* the children are formed by a stable partition of every list inside its segment (prefix sums,
-  no sort), which keeps every list sorted inside the new, smaller segments.
+* the bounding box of each node's points (two ``scatter_reduce``) gives its cut axis: the longest
+  extent, lowest axis on ties;
+* a weighted histogram of the cut coordinate per node (``B`` equal buckets over the node's extent,
+  one ``bincount`` for all nodes) locates the bucket holding the weighted median;
+* only the points of that bucket (about ``N / B`` per node) are sorted, by coordinate and then
+  original index, to place the cut exactly;
+* points go to the left or right child, which take the node's place in the node list.
 
-Cost: ``D`` sorts, then ``O(N D)`` vectorised work per level, ``ceil(log2 P)`` levels.
+No Python loop runs over points or nodes; cost ``O(N)`` per level, ``ceil(log2 P)`` levels. The
+result does not depend on ``B``: it is the exact weighted median of the node's points ordered by
+(coordinate, original index).
 
 Cut placement: part boundary ``b`` sits where the cumulative weight, in partition order, is
-nearest to ``W * (f_0 + ... + f_{b-1})``. These global targets are the proportional targets of
-the tree (a node holding parts ``[p0, p1)`` sends parts ``[p0, p0 + ceil((p1 - p0) / 2))`` left,
-aiming at their share of the node's target weight) but rounding does not compound down the tree:
-every unweighted part is within one point of its target, every weighted part within the largest
-point weight.
+nearest to ``W * (f_0 + ... + f_{b-1})`` (lower on ties). These global targets are the
+proportional targets of the tree (a node holding parts ``[p0, p1)`` sends parts
+``[p0, p0 + ceil((p1 - p0) / 2))`` left, aiming at their share of the weight) but rounding does
+not compound down the tree: every unweighted part is within one point of its target, every
+weighted part within the largest point weight. The cut plane lies halfway between the last point
+sent left and the first sent right; points on a plane lie in both closed cells.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ def nearest_boundaries(prefix: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 def rcb(
-    points: torch.Tensor, weights: torch.Tensor | None, cum_fractions: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    points: torch.Tensor, weights: torch.Tensor | None, cum_fractions: torch.Tensor, num_buckets: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Partition by recursive coordinate bisection.
 
     Parameters
@@ -53,6 +57,8 @@ def rcb(
         ``(N,)`` non-negative float64 weights; ``None`` for unit weights.
     cum_fractions : Tensor
         ``(P + 1,)`` float64 cumulative target shares, ``0`` first and ``1`` last.
+    num_buckets : int
+        Histogram resolution per node (speed only; the result does not depend on it).
 
     Returns
     -------
@@ -60,116 +66,134 @@ def rcb(
         ``(N,)`` part of each point.
     regions : Tensor
         ``(P, 2, D)`` leaf cells of the cut tree (``+-inf`` at the outer faces).
+    boxes : Tensor
+        ``(P, 2, D)`` bounds of each part's points (``[+inf, -inf]`` when empty).
     """
     num_points, dim = points.shape
     num_parts = cum_fractions.numel() - 1
     device = points.device
+    dtype = points.dtype
     long = dict(dtype=torch.long, device=device)
     total = float(num_points) if weights is None else weights.sum()
     targets = total * cum_fractions
-    axes = torch.arange(dim, **long)
-
-    # (D, N): point ids sorted by each axis; ties keep the original order (stable sort).
-    lists = torch.stack([torch.sort(points[:, a], stable=True).indices for a in range(dim)])
-
-    # Tree nodes, ordered by their first part: segment [start, end), parts [p0, p1), cell [lo, hi].
-    start = torch.zeros(1, **long)
-    end = torch.full((1,), num_points, **long)
-    p0 = torch.zeros(1, **long)
-    p1 = torch.full((1,), num_parts, **long)
-    lo = torch.full((1, dim), -torch.inf, dtype=points.dtype, device=device)
-    hi = torch.full((1, dim), torch.inf, dtype=points.dtype, device=device)
+    columns = points.t().contiguous()  # (D, N): one contiguous coordinate array per axis
+    flat_columns = columns.reshape(-1)
     position = torch.arange(num_points, **long)
 
-    unit_prefix = (
-        None if weights is not None else torch.arange(num_points + 1, dtype=torch.float64, device=device)
-    )
-    row_offset = (torch.arange(dim, **long) * num_points)[:, None]
+    node_of = torch.zeros(num_points, **long)
+    p0 = torch.zeros(1, **long)
+    p1 = torch.full((1,), num_parts, **long)
+    lo = torch.full((1, dim), -torch.inf, dtype=dtype, device=device)
+    hi = torch.full((1, dim), torch.inf, dtype=dtype, device=device)
+    pending = None  # (left child, right child, axis) of the previous level's cuts
 
     while True:
+        num_nodes = p0.numel()
+        # Bounding box of each node's points; an empty node gets [+inf, -inf] (cut axis 0).
+        box_lo = torch.full((dim, num_nodes), torch.inf, dtype=dtype, device=device)
+        box_hi = torch.full((dim, num_nodes), -torch.inf, dtype=dtype, device=device)
+        for a in range(dim):
+            box_lo[a].scatter_reduce_(0, node_of, columns[a], reduce="amin")
+            box_hi[a].scatter_reduce_(0, node_of, columns[a], reduce="amax")
+
+        if pending is not None:
+            # Cut planes of the previous level, halfway between the two children's points.
+            left, right, cut_axis = pending
+            left_max = box_hi[cut_axis, left]
+            right_min = box_lo[cut_axis, right]
+            cell_lo = lo[left, cut_axis]
+            cell_hi = hi[right, cut_axis]
+            has_left = torch.isfinite(left_max)
+            has_right = torch.isfinite(right_min)
+            fallback = torch.zeros_like(cell_lo).clamp(cell_lo, cell_hi)  # no points at all
+            plane = torch.where(
+                has_left & has_right,
+                left_max + (right_min - left_max) / 2,
+                torch.where(has_left, left_max, torch.where(has_right, right_min, fallback)),
+            )
+            hi[left, cut_axis] = plane
+            lo[right, cut_axis] = plane
+
         split = (p1 - p0) >= 2
         if not bool(split.any()):
             break
-        num_nodes = start.numel()
-        counts = end - start
-        nonempty = counts > 0
-        flat_lists = lists.reshape(-1)
 
-        # Bounding box of each node from the ends of its segment in every sorted list.
-        if num_points > 0:
-            first = flat_lists.index_select(0, (row_offset + start.clamp(max=num_points - 1)).reshape(-1))
-            last = flat_lists.index_select(0, (row_offset + (end - 1).clamp(min=0)).reshape(-1))
-            flat_points = points.t().reshape(-1)  # (D * N,), axis-major
-            extent = flat_points.index_select(0, (row_offset + last.view(dim, -1)).reshape(-1)) - (
-                flat_points.index_select(0, (row_offset + first.view(dim, -1)).reshape(-1))
-            )
-            extent = torch.where(nonempty[None, :], extent.view(dim, -1), torch.zeros((), dtype=points.dtype, device=device))
-        else:
-            extent = torch.zeros((dim, num_nodes), dtype=points.dtype, device=device)
-        axis = extent.argmax(dim=0)  # (M,), first maximum on ties
+        axis = (box_hi - box_lo).argmax(dim=0)  # first maximum on ties
 
-        # The points of every node in the order of its cut axis.
-        seg = torch.repeat_interleave(torch.arange(num_nodes, **long), counts, output_size=num_points)
-        sel = flat_lists.index_select(0, axis.index_select(0, seg) * num_points + position)
-        if unit_prefix is None:
-            prefix = torch.zeros(num_points + 1, dtype=torch.float64, device=device)
-            torch.cumsum(weights.index_select(0, sel), 0, out=prefix[1:])
-        else:
-            prefix = unit_prefix
+        # Cut coordinate of every point, and its bucket in its node's histogram.
+        x = flat_columns.index_select(0, axis.index_select(0, node_of) * num_points + position)
+        node_lo = box_lo.gather(0, axis[None, :])[0]
+        node_extent = box_hi.gather(0, axis[None, :])[0] - node_lo
+        buckets = max(1, min(num_buckets, (4 * num_points) // num_nodes))
+        scale = torch.where(node_extent > 0, buckets / node_extent, torch.zeros_like(node_extent))
+        scale = torch.nan_to_num(scale, nan=0.0, posinf=0.0)  # empty nodes, or an extent that underflows
+        bucket = (x - node_lo.index_select(0, node_of)).mul_(scale.index_select(0, node_of)).floor_()
+        bucket = bucket.clamp_(0, buckets - 1).to(torch.long)
+        hist = torch.bincount(node_of * buckets + bucket, weights=weights, minlength=num_nodes * buckets)
+        hist = hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)  # inclusive per node
 
+        # Weight before each node in partition order, and the weight its left child should hold.
+        node_weight = hist[:, -1]
+        node_base = torch.cumsum(node_weight, 0) - node_weight
         mid = p0 + (p1 - p0 + 1) // 2
-        cut = nearest_boundaries(prefix, targets.index_select(0, mid))
-        cut = torch.where(split, torch.minimum(torch.maximum(cut, start), end), end)
-
-        # Cut plane: halfway between the last point sent left and the first sent right.
-        node_axis_lo = lo.gather(1, axis[:, None])[:, 0]
-        node_axis_hi = hi.gather(1, axis[:, None])[:, 0]
-        if num_points > 0:
-            left_x = points[sel[(cut - 1).clamp(min=0, max=num_points - 1)], axis]
-            right_x = points[sel[cut.clamp(max=num_points - 1)], axis]
-        else:
-            left_x = right_x = torch.zeros(num_nodes, dtype=points.dtype, device=device)
-        has_left = cut > start
-        has_right = cut < end
-        empty_plane = torch.zeros_like(node_axis_lo).clamp(node_axis_lo, node_axis_hi)
-        plane = torch.where(
-            has_left & has_right,
-            left_x + (right_x - left_x) / 2,
-            torch.where(has_left, left_x, torch.where(has_right, right_x, empty_plane)),
+        need = targets.index_select(0, mid) - node_base
+        median_bucket = torch.searchsorted(hist, need[:, None], side="left")[:, 0].clamp_(max=buckets - 1)
+        below = torch.where(
+            median_bucket > 0, hist.gather(1, (median_bucket - 1).clamp(min=0)[:, None])[:, 0], 0.0
         )
+        need = need - below  # weight still to take from the median bucket
+        # Leaves keep all their points "left": no bucket reaches `buckets`.
+        median_bucket = torch.where(split, median_bucket, buckets)
+        point_median = median_bucket.index_select(0, node_of)
+        goes_left = bucket < point_median
 
-        # Stable partition of every list inside its node segment (left child first): a point's new
-        # place is its segment start plus the number of same-side points before it in the segment.
-        seg_start = start.index_select(0, seg)
-        seg_cut = cut.index_select(0, seg)
-        goes_left = torch.empty(num_points, dtype=torch.bool, device=device)
-        goes_left.scatter_(0, sel, position < seg_cut)
-        is_left = goes_left.index_select(0, flat_lists)  # (D * N,)
-        left_before = torch.cumsum(is_left, 0) - is_left.long()  # exclusive, along the flat lists
-        left_before = left_before.view(dim, -1)
-        left_before = left_before - left_before.gather(1, seg_start.expand(dim, -1))
-        new_pos = torch.where(
-            is_left.view(dim, -1), seg_start + left_before, (seg_cut - seg_start + position) - left_before
+        # Sort the median bucket's points by (node, coordinate, original index).
+        cand = (bucket == point_median).nonzero()[:, 0]
+        cand = cand.index_select(0, torch.sort(x.index_select(0, cand), stable=True).indices)
+        cand = cand.index_select(0, torch.sort(node_of.index_select(0, cand), stable=True).indices)
+        num_cand = cand.numel()
+        cand_node = node_of.index_select(0, cand)
+        cand_count = torch.bincount(cand_node, minlength=num_nodes)
+        cand_start = torch.cumsum(cand_count, 0) - cand_count
+        cand_weight = (
+            torch.ones(num_cand, dtype=torch.float64, device=device)
+            if weights is None
+            else weights.index_select(0, cand)
         )
-        lists = torch.empty_like(lists).scatter_(1, new_pos, lists)
+        running = torch.cat(
+            [torch.zeros(1, dtype=torch.float64, device=device), torch.cumsum(cand_weight, 0)]
+        )
+        # taken[i]: weight of the candidates of i's node up to and including i.
+        taken = running[1:] - running.index_select(0, cand_start).index_select(0, cand_node)
 
-        # Children replace split nodes in place, so nodes stay ordered by their first part.
-        left_hi = hi.clone()
-        left_hi.scatter_(1, axis[:, None], plane[:, None])
-        right_lo = lo.clone()
-        right_lo.scatter_(1, axis[:, None], plane[:, None])
+        # Number j of candidates sent left: the prefix weight nearest `need` (fewer on ties).
+        short = (taken < need.index_select(0, cand_node)).to(torch.long)
+        j_hi = torch.zeros(num_nodes, **long).index_add_(0, cand_node, short)
+        j_hi = torch.where(need > 0, torch.minimum(j_hi + 1, cand_count), 0)
+        j_lo = (j_hi - 1).clamp(min=0)
+        prefix = running.index_select(0, cand_start + j_hi) - running.index_select(0, cand_start)
+        prefix_lo = running.index_select(0, cand_start + j_lo) - running.index_select(0, cand_start)
+        take = torch.where(need - prefix_lo <= prefix - need, j_lo, j_hi)
+        rank = torch.arange(num_cand, **long) - cand_start.index_select(0, cand_node)
+        goes_left.index_fill_(0, cand[rank < take.index_select(0, cand_node)], True)
+
+        # Children take their parent's place, so nodes stay ordered by their first part.
+        step = 1 + split.long()
+        first_child = torch.cumsum(step, 0) - step
+        node_of = first_child.index_select(0, node_of).add_(goes_left.logical_not())
         keep = torch.stack([torch.ones_like(split), split], dim=1).reshape(-1)
-        start = torch.stack([start, cut], 1).reshape(-1)[keep]
-        end = torch.stack([torch.where(split, cut, end), end], 1).reshape(-1)[keep]
         p1_new = torch.stack([torch.where(split, mid, p1), p1], 1).reshape(-1)[keep]
         p0 = torch.stack([p0, mid], 1).reshape(-1)[keep]
         p1 = p1_new
-        lo = torch.stack([lo, right_lo], 1).reshape(-1, dim)[keep]
-        hi = torch.stack([left_hi, hi], 1).reshape(-1, dim)[keep]
+        lo = lo.repeat_interleave(step, dim=0)
+        hi = hi.repeat_interleave(step, dim=0)
+        pending = (first_child[split], first_child[split] + 1, axis[split])
 
-    owner = torch.empty(num_points, **long)
-    owner[lists[0]] = torch.repeat_interleave(p0, end - start, output_size=num_points)
-    regions = torch.empty((num_parts, 2, dim), dtype=points.dtype, device=device)
+    owner = p0.index_select(0, node_of)
+    regions = torch.empty((num_parts, 2, dim), dtype=dtype, device=device)
     regions[p0, 0] = lo
     regions[p0, 1] = hi
-    return owner, regions
+    boxes = torch.empty((num_parts, 2, dim), dtype=dtype, device=device)
+    boxes[p0, 0] = box_lo.t()
+    boxes[p0, 1] = box_hi.t()
+    return owner, regions, boxes
