@@ -14,5 +14,6 @@ from __future__ import annotations
 
 from ._core import partition
 from ._partition import Partition
+from ._quality import neighbor_radius, quality, surface_to_volume_estimate
 
-__all__ = ["Partition", "partition"]
+__all__ = ["Partition", "neighbor_radius", "partition", "quality", "surface_to_volume_estimate"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,9 @@ class Partition:
         ``(P, 2, D)`` cells that cover space: for ``rcb`` the leaves of the cut tree (``+-inf`` on
         the outer faces; neighbouring cells share their cut plane), for curve methods equal to
         ``boxes``. Every point lies in the closed region of its part.
+    validate : bool
+        Check that ``perm`` is a permutation (one ``bincount``, ``O(N)``). Partitioners that build
+        ``perm`` themselves skip it.
 
     Attributes
     ----------
@@ -97,10 +100,11 @@ class Partition:
     params: dict[str, Any] = field(default_factory=dict)
     boxes: torch.Tensor | None = None
     regions: torch.Tensor | None = None
+    validate: InitVar[bool] = True
     offsets: torch.Tensor = field(init=False, repr=False)
     owner: torch.Tensor = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, validate: bool) -> None:
         perm = _as_long(self.perm, "perm")
         sizes = _as_long(self.sizes, "sizes").to(perm.device)
         if sizes.numel() < 1:
@@ -111,7 +115,7 @@ class Partition:
         if int(sizes.sum()) != num_points:
             raise ValueError(f"sizes must sum to len(perm) = {num_points} (got sum {int(sizes.sum())})")
         num_parts = sizes.numel()
-        if num_points > 0:
+        if validate and num_points > 0:
             in_range = bool(((perm >= 0) & (perm < num_points)).all())
             if not in_range or bool((torch.bincount(perm, minlength=num_points) != 1).any()):
                 raise ValueError(f"perm must be a permutation of 0..{num_points - 1}")
@@ -182,6 +186,7 @@ class Partition:
             raise ValueError(f"owner must lie in [0, num_parts={num_parts}) (found {int(bad)})")
         sizes = torch.bincount(owner, minlength=num_parts)
         perm = torch.sort(owner, stable=True).indices
+        kwargs.setdefault("validate", False)  # a sort always yields a permutation
         return cls(perm=perm, sizes=sizes, **kwargs)
 
     # ------------------------------------------------------------------ use
