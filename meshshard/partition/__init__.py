@@ -13,7 +13,16 @@ curves). :func:`quality` measures balance and ghost counts exactly.
 from __future__ import annotations
 
 from ._core import partition
+from ._mesh import MeshPartition, partition_mesh
 from ._partition import Partition
 from ._quality import neighbor_radius, quality, surface_to_volume_estimate
 
-__all__ = ["Partition", "neighbor_radius", "partition", "quality", "surface_to_volume_estimate"]
+__all__ = [
+    "MeshPartition",
+    "Partition",
+    "neighbor_radius",
+    "partition",
+    "partition_mesh",
+    "quality",
+    "surface_to_volume_estimate",
+]
