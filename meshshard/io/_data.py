@@ -85,7 +85,7 @@ class Dataset:
 
 def as_numpy(value: Any, name: str) -> np.ndarray:
     """A tensor/array as a CPU numpy array VTK can store (bool -> uint8, half -> float32)."""
-    if hasattr(value, "to_local") and not isinstance(value, torch.Tensor | np.ndarray):
+    if hasattr(value, "to_local"):  # a ShardTensor: its local rows
         value = value.to_local()
     if isinstance(value, torch.Tensor):
         value = value.detach()

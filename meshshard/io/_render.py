@@ -79,12 +79,14 @@ def _set_view(plotter: Any, points: np.ndarray, direction: Sequence[float], aspe
     right = np.cross(-back, (0.0, 0.0, 1.0))
     right /= np.linalg.norm(right)
     up = np.cross(right, -back)
-    rel = corners - centre
     half = np.tan(np.radians(plotter.camera.view_angle / 2)) * zoom
-    depth = rel @ back
     half_width = half * aspect * (1 - 2 * margin)
-    distance = float(np.max(depth + np.maximum(np.abs(rel @ up) / half, np.abs(rel @ right) / half_width)))
-    distance = max(distance, 1e-6)
+    for _ in range(4):  # perspective: re-centre on the projected extent, then refit
+        rel = corners - centre
+        x, y, depth = rel @ right, rel @ up, rel @ back
+        distance = max(float(np.max(depth + np.maximum(np.abs(y) / half, np.abs(x) / half_width))), 1e-6)
+        u, v = x / (distance - depth), y / (distance - depth)
+        centre = centre + distance * ((u.max() + u.min()) / 2 * right + (v.max() + v.min()) / 2 * up)
     plotter.camera_position = [tuple(centre + distance * back), tuple(centre), tuple(up)]
     plotter.reset_camera_clipping_range()
 
@@ -110,7 +112,7 @@ def render_partitions(
     legend: bool = True,
     title: str | None = None,
     point_size: float | None = None,
-    zoom: float = 0.9,
+    zoom: float = 0.85,
     background: str = "white",
 ) -> Path:
     """Render ``data`` coloured by owning rank to a PNG, off-screen (no display needed).
@@ -178,8 +180,8 @@ def render_partitions(
             plotter.add_mesh(mesh, scalars="rank_rgb", rgb=True, specular=0.0, ambient=0.25, diffuse=0.8,
                              show_scalar_bar=False, **style)
             if row == 0:
-                plotter.add_text(title if title is not None else f"{num_parts} parts", font_size=12,
-                                 color="black")
+                text = title if title is not None else f"{num_parts} parts"
+                plotter.add_text(text, font_size=max(7, round(height / 66)), color="black")
                 if legend and 0 < num_parts <= _MAX_LEGEND_ENTRIES:
                     _add_legend(plotter, colors, height / len(views))
             if ds.num_items:

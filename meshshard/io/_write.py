@@ -253,17 +253,10 @@ def _all_ok(ok: bool, group: Any) -> bool:
     return bool(flag.item())
 
 
-def _default_global_ids(local_points: Any, n: int, rank: int, collective: bool, group: Any) -> np.ndarray:
-    offsets = getattr(local_points, "offsets", None)
-    if offsets is not None:
-        return np.arange(n, dtype=np.int64) + int(offsets[rank])
-    if not collective:
-        raise ValueError("global_ids is required when no process group is initialised")
-    import torch.distributed as dist
-
-    sizes = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sizes, n, group=group)
-    return np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
+def _shard_spec(value: Any) -> Any:
+    """The ``ShardSpec`` of a :class:`~meshshard.ShardTensor` (``None`` for plain tensors)."""
+    spec = getattr(value, "spec", None)
+    return spec if hasattr(spec, "offsets") and hasattr(spec, "rank") else None
 
 
 def write_local_partition(
@@ -298,13 +291,15 @@ def write_local_partition(
         ``name -> (N_local, ...)`` arrays; the same names and dtypes on every rank.
     global_ids
         ``(N_local,)`` global index of each point. Default: the ShardTensor's offset plus the local
-        index, or (plain tensors under a process group) the same from one ``all_gather_object``
+        index (its partition-order index; pass ``partition.shard_indices(rank)`` for original
+        ids), or for plain tensors under a process group the same from one ``all_gather_object``
         of the local sizes.
     ghost_points, ghost_fields, ghost_global_ids, ghost_ranks
         ``(N_ghost, 3)`` ghost points with their fields, global ids and owning ranks (e.g. from a
         halo exchange), marked ``vtkGhostType = 1``. Give them on every rank or on none.
     rank, num_ranks, group
-        Default: the rank and size of ``group`` (the default process group).
+        Default: the ShardTensor's domain group, else the default process group, and this
+        process's rank and the size of that group.
 
     Returns
     -------
@@ -315,6 +310,9 @@ def write_local_partition(
     piece written? the index written?), plus one ``all_gather_object`` of an int when global ids
     must be derived from plain tensors.
     """
+    spec = _shard_spec(local_points)
+    if spec is not None and group is None:
+        group = spec.group
     collective, group_rank, group_size = _dist_state(group)
     rank = group_rank if rank is None else rank
     num_ranks = group_size if num_ranks is None else num_ranks
@@ -324,64 +322,93 @@ def write_local_partition(
         raise ValueError(
             f"rank/num_ranks ({rank}/{num_ranks}) differ from the process group's ({group_rank}/{group_size})"
         )
-    index = _index_path(path, "points")
-    if index.suffix != ".pvtp":
-        raise ValueError(f"a distributed point cloud is written as .pvtp (got {str(index)!r})")
-    if collective and rank == 0:
-        _remove_index(index)
+    if not collective and global_ids is None and spec is None:
+        raise ValueError("global_ids is required when no process group is initialised")
 
-    points = as_dataset(local_points).points
-    n = points.shape[0]
-    fields = dict(fields or {})
-    arrays = {k: _local_rows(v, f"fields[{k!r}]", n) for k, v in fields.items()}
-    if global_ids is None:
-        ids = _default_global_ids(local_points, n, rank, collective, group)
-    else:
-        ids = _local_rows(global_ids, "global_ids", n).reshape(-1)
-    ranks = np.full(n, rank, dtype=np.int32)
-    num_ghosts = None
-    if ghost_points is not None:
-        g_points = as_dataset(ghost_points).points.astype(points.dtype)
-        num_ghosts = g = g_points.shape[0]
-        if ghost_global_ids is None or ghost_ranks is None:
-            raise ValueError("ghost_points needs ghost_global_ids and ghost_ranks")
-        g_fields = dict(ghost_fields or {})
-        if set(g_fields) != set(arrays):
-            raise ValueError(
-                f"ghost_fields must have the keys of fields {sorted(arrays)} (got {sorted(g_fields)})"
-            )
-        points = np.concatenate([points, g_points])
-        arrays = {
-            k: np.concatenate([v, _local_rows(g_fields[k], f"ghost_fields[{k!r}]", g).astype(v.dtype)])
-            for k, v in arrays.items()
-        }
-        ids = np.concatenate([ids, _local_rows(ghost_global_ids, "ghost_global_ids", g).reshape(-1)])
-        ranks = np.concatenate([ranks, _local_rows(ghost_ranks, "ghost_ranks", g).reshape(-1)])
-    piece = _point_piece(points, arrays, ids, ranks, num_ghosts)
-
+    # From here on, errors are held until every rank has joined the collectives, so one rank's
+    # bad input fails all ranks instead of leaving them waiting.
     error: BaseException | None = None
+    index = piece = points = None
     try:
-        atomic_target(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp))
-    except Exception as exc:  # reported after the collective, so no rank is left waiting
+        index = _index_path(path, "points")
+        if index.suffix != ".pvtp":
+            raise ValueError(f"a distributed point cloud is written as .pvtp (got {str(index)!r})")
+        if collective and rank == 0:
+            _remove_index(index)
+        points = as_dataset(local_points).points
+    except Exception as exc:
         error = exc
-    if collective:
-        pieces_ok = _all_ok(error is None, group)
+    n = 0 if points is None else points.shape[0]
+    if global_ids is None:
+        if spec is not None:
+            global_ids = np.arange(n, dtype=np.int64) + int(spec.offsets[rank])
+        else:  # plain tensors under a process group: offsets from everyone's size
+            import torch.distributed as dist
+
+            sizes = [0] * num_ranks
+            dist.all_gather_object(sizes, n, group=group)
+            global_ids = np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
+    if error is None:
+        try:
+            piece = _local_piece(points, rank, fields, global_ids, ghost_points, ghost_fields,
+                                 ghost_global_ids, ghost_ranks)
+            atomic_target(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp))
+        except Exception as exc:
+            error = exc
+    if not collective:
         if error is not None:
             raise error
-        if not pieces_ok:
-            raise RuntimeError(f"rank {rank}: another rank failed to write its piece; no index was written")
-        if rank == 0:
-            try:
-                write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(num_ranks)])
-            except Exception as exc:
-                error = exc
-        if not _all_ok(error is None, group):
-            if error is not None:
-                raise error
-            raise RuntimeError(f"rank {rank}: rank 0 failed to write the index {index}")
-    elif error is not None:
+        return index
+    pieces_ok = _all_ok(error is None, group)
+    if error is not None:
         raise error
+    if not pieces_ok:
+        raise RuntimeError(f"rank {rank}: another rank failed to write its piece; no index was written")
+    if rank == 0:
+        try:
+            write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(num_ranks)])
+        except Exception as exc:
+            error = exc
+    if not _all_ok(error is None, group):
+        if error is not None:
+            raise error
+        raise RuntimeError(f"rank {rank}: rank 0 failed to write the index {index}")
     return index
+
+
+def _local_piece(
+    points: np.ndarray,
+    rank: int,
+    fields: Mapping[str, Any] | None,
+    global_ids: Any,
+    ghost_points: Any,
+    ghost_fields: Mapping[str, Any] | None,
+    ghost_global_ids: Any,
+    ghost_ranks: Any,
+) -> Piece:
+    """Check and assemble the piece of :func:`write_local_partition` (owned rows, then ghosts)."""
+    n = points.shape[0]
+    arrays = {k: _local_rows(v, f"fields[{k!r}]", n) for k, v in dict(fields or {}).items()}
+    ids = _local_rows(global_ids, "global_ids", n).reshape(-1)
+    ranks = np.full(n, rank, dtype=np.int32)
+    if ghost_points is None:
+        return _point_piece(points, arrays, ids, ranks, None)
+    g_points = as_dataset(ghost_points).points.astype(points.dtype)
+    g = g_points.shape[0]
+    if ghost_global_ids is None or ghost_ranks is None:
+        raise ValueError("ghost_points needs ghost_global_ids and ghost_ranks")
+    g_fields = dict(ghost_fields or {})
+    if set(g_fields) != set(arrays):
+        raise ValueError(
+            f"ghost_fields must have the keys of fields {sorted(arrays)} (got {sorted(g_fields)})"
+        )
+    arrays = {
+        k: np.concatenate([v, _local_rows(g_fields[k], f"ghost_fields[{k!r}]", g).astype(v.dtype)])
+        for k, v in arrays.items()
+    }
+    ids = np.concatenate([ids, _local_rows(ghost_global_ids, "ghost_global_ids", g).reshape(-1)])
+    ranks = np.concatenate([ranks, _local_rows(ghost_ranks, "ghost_ranks", g).reshape(-1)])
+    return _point_piece(np.concatenate([points, g_points]), arrays, ids, ranks, g)
 
 
 def write_partition_index(path: PathLike, num_ranks: int) -> Path:
