@@ -284,16 +284,32 @@ def _has_named_arrays(data: Any) -> bool:
     return not (isinstance(data, torch.Tensor | np.ndarray) or hasattr(data, "to_local"))
 
 
-def partition_sizes_and_perm(partition: Any, num_items: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(perm, sizes)`` of a :class:`~meshshard.partition.Partition` as int64 numpy, checked."""
+def partition_sizes_and_perm(partition: Any, ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """``(perm, sizes)`` of ``partition`` for ``ds`` as int64 numpy, checked.
+
+    ``partition`` is a :class:`~meshshard.partition.Partition` of the points of a cloud or the
+    cells of a mesh, or a :class:`~meshshard.partition.MeshPartition` (its ``cells`` partition
+    is used for a mesh, its ``points`` partition for a cloud).
+    """
+    is_mesh = ds.cells is not None
+    if not hasattr(partition, "perm") and hasattr(getattr(partition, "cells", None), "perm"):
+        partition = partition.cells if is_mesh else partition.points
     if not (hasattr(partition, "perm") and hasattr(partition, "sizes")):
         raise TypeError(
             f"partition must be a meshshard Partition with perm and sizes (got {type(partition).__name__})"
         )
     perm = as_numpy(partition.perm, "partition.perm").astype(np.int64, copy=False).reshape(-1)
     sizes = as_numpy(partition.sizes, "partition.sizes").astype(np.int64, copy=False).reshape(-1)
-    if perm.shape[0] != num_items:
-        raise ValueError(f"partition covers {perm.shape[0]} items but data has {num_items} {what}")
-    if sizes.sum() != num_items or np.any(sizes < 0):
-        raise ValueError(f"partition.sizes must be >= 0 and sum to {num_items} (got {sizes.tolist()})")
+    n = ds.num_items
+    if perm.shape[0] != n:
+        what = "cells" if is_mesh else "points"
+        hint = ""
+        if is_mesh and perm.shape[0] == ds.points.shape[0]:
+            hint = (
+                " (it matches the mesh's points, but meshes are split by cells: use "
+                "partition_mesh(mesh, P).cells, or pass the points as a cloud)"
+            )
+        raise ValueError(f"partition covers {perm.shape[0]} items but data has {n} {what}{hint}")
+    if sizes.sum() != n or np.any(sizes < 0):
+        raise ValueError(f"partition.sizes must be >= 0 and sum to {n} (got {sizes.tolist()})")
     return perm, sizes

@@ -154,7 +154,7 @@ def render_partitions(
     path = _png_path(png_path)
     width, height = _check_window(window_size)
     ds = as_dataset(data, arrays=False)
-    perm, sizes = partition_sizes_and_perm(partition, ds.num_items, "points" if ds.cells is None else "cells")
+    perm, sizes = partition_sizes_and_perm(partition, ds)
     num_parts = len(sizes)
     owner = np.empty(ds.num_items, dtype=np.int64)
     owner[perm] = np.repeat(np.arange(num_parts), sizes)

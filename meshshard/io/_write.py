@@ -161,7 +161,8 @@ def write_partitions(
         An ``(N, 3)`` tensor/array, a pyvista/VTK dataset, a ``torch_geometric.data.Data`` (``pos``
         and node attributes) or a sample dict ``{"pos": (N, 3), name: (N, ...)}``.
     partition
-        A :class:`~meshshard.partition.Partition` of the points (the cells of a mesh).
+        A :class:`~meshshard.partition.Partition` of the points of a cloud or of the cells of a
+        mesh, or the :class:`~meshshard.partition.MeshPartition` of a mesh.
     path
         The index file (``.pvtp`` for clouds and PolyData, ``.pvtu`` for other meshes) or a folder,
         which gets ``partitions.pvtp``/``.pvtu``. Missing folders are created.
@@ -191,8 +192,7 @@ def write_partitions(
     'cloud.pvtp'
     """
     ds = as_dataset(data, fields)
-    what = "points" if ds.cells is None else "cells"
-    perm, sizes = partition_sizes_and_perm(partition, ds.num_items, what)
+    perm, sizes = partition_sizes_and_perm(partition, ds)
     radius = None if ghost_radius is None else check_radius(ghost_radius)
     index = _index_path(path, ds.kind)
     owner = np.empty(ds.num_items, dtype=np.int64)

@@ -324,6 +324,18 @@ def test_unsupported_inputs(tmp_path, data, kwargs, error, match):
     assert not (tmp_path / "e.pvtp").exists()
 
 
+def test_mesh_partition_from_the_partitioner_and_point_partitions_of_meshes(tmp_path, sphere):
+    from meshshard.partition import partition, partition_mesh
+
+    mesh_part = partition_mesh(sphere, 3)
+    back = read_partitions(write_partitions(sphere, mesh_part, tmp_path / "m.pvtp"))
+    cids = np.asarray(back.cell_data["GlobalCellIds"])
+    np.testing.assert_array_equal(back.cell_data["vtkProcessId"], mesh_part.cells.owner.numpy()[cids])
+    by_points = partition(torch.as_tensor(sphere.points), 3)
+    with pytest.raises(ValueError, match="matches the mesh's points, but meshes are split by cells"):
+        write_partitions(sphere, by_points, tmp_path / "p.pvtp")
+
+
 def test_partition_must_be_a_partition(tmp_path, cloud):
     with pytest.raises(TypeError, match=r"partition must be a meshshard Partition .*\(got Tensor\)"):
         write_partitions(cloud, torch.zeros(40), tmp_path / "p.pvtp")
