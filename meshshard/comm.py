@@ -235,3 +235,20 @@ def all_gather_object_sizes(n: int, group: dist.ProcessGroup | None = None, devi
     _record("all_gather", _nbytes(t))
     dist.all_gather(out, t, group=group)
     return tuple(int(o.item()) for o in out)
+
+
+def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Stack every rank's equally shaped ``tensor`` along a new dim 0 (**not** differentiable).
+
+    **Shapes:** ``(*S)`` -> ``(P, *S)``.
+
+    **Communication:** one ``all_gather`` of ``tensor.nbytes`` per rank; nothing with one rank.
+    """
+    world = _world(group)
+    t = tensor.detach().contiguous()
+    if world == 1:
+        return t[None].clone()
+    out = [torch.empty_like(t) for _ in range(world)]
+    _record("all_gather", _nbytes(t))
+    dist.all_gather(out, t, group=group)
+    return torch.stack(out)

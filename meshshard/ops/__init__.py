@@ -7,5 +7,6 @@ point-cloud ops that need other ranks' data (ball query, kNN) live here too.
 from __future__ import annotations
 
 from . import _rules_local, _rules_reduce, _rules_shape  # noqa: F401  (registration side effects)
+from .neighbors import Neighbors, ball_query, knn
 
-__all__: list[str] = []
+__all__: list[str] = ["Neighbors", "ball_query", "knn"]

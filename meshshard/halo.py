@@ -1,0 +1,455 @@
+"""Ghost points: which owned points each rank needs from the others, and their exchange.
+
+A :class:`HaloPlan` is built once from sharded coordinates (and the queries that will look for
+neighbours, by default the points themselves) and a radius. Rank ``s`` sends rank ``r`` exactly its
+points that lie within the radius of at least one of ``r``'s queries: the plan holds no ghost that
+no query needs. The plan is then reused for every feature exchange (positions, features of any
+width) in every layer and step while the points do not move; its backward adds ghost gradients
+into their owners.
+
+Building the plan (**Distribution scheme**)
+-------------------------------------------
+1. Every rank's query box and largest squared radius, ``(2 D + 1)`` float64 per rank, are
+   all-gathered (one small ``all_gather``; skipped when ``regions=`` gives the boxes).
+2. Each rank keeps, per peer, its points within the radius of the peer's box (box-distance test),
+   and exchanges the counts (one ``all_to_all`` of ``P`` int64).
+3. The candidates' coordinates and global indices travel to the peer (one ``all_to_all`` of
+   ``(D + 1)`` float64 per candidate), which tests them exactly against its queries.
+4. The peer returns a keep mask (one ``all_to_all`` of one byte per candidate).
+
+The core of steps 1-4 is a set of pure functions of per-rank coordinates, so
+:func:`simulate_halo` builds the same plan for any ``P`` in one process (capacity planning).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import comm
+from .ops._kernels import radius_pairs, sq_dist
+from .tensor import ShardTensor
+
+__all__ = ["HaloPlan", "check_radius", "simulate_halo"]
+
+#: Elements of one block of the point-to-box distance test.
+_BOX_BLOCK = 1 << 22
+
+
+def check_radius(radius: Any, name: str = "radius") -> float:
+    """``radius`` as a positive finite float, else a ``TypeError``/``ValueError`` naming ``name``."""
+    if isinstance(radius, torch.Tensor) and radius.numel() == 1 and not radius.is_complex():
+        radius = radius.item()
+    if isinstance(radius, bool) or not isinstance(radius, (int, float)):
+        raise TypeError(f"{name} must be a real number (got {type(radius).__name__})")
+    value = float(radius)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be positive and finite (got {value})")
+    return value
+
+
+# -- pure plan core (no communication) -------------------------------------------------------------
+def _query_box(queries: torch.Tensor, r2: float | torch.Tensor) -> torch.Tensor:
+    """``(2 D + 1)`` float64: the queries' bounding box and their largest squared radius.
+
+    An empty query set gets the empty box ``[+inf, -inf]``, which no point is near.
+    """
+    dim = queries.shape[1]
+    q = queries.detach().to(torch.float64)
+    if q.shape[0] == 0:
+        lo = torch.full((dim,), torch.inf, dtype=torch.float64, device=q.device)
+        return torch.cat([lo, -lo, torch.zeros(1, dtype=torch.float64, device=q.device)])
+    r2max = r2.max().reshape(1) if isinstance(r2, torch.Tensor) else torch.tensor([r2], device=q.device)
+    return torch.cat([q.min(0).values, q.max(0).values, r2max.to(torch.float64)])
+
+
+def _box_d2(points: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Squared distance of every point to every box: ``(N, P)`` float64 (same formula as pairs)."""
+    p = points.detach().to(torch.float64)[:, None, :]
+    gap = torch.clamp(torch.maximum(lo[None] - p, p - hi[None]), min=0.0)  # (N, P, D)
+    return sq_dist(gap, torch.zeros_like(gap))
+
+
+def _candidates(points: torch.Tensor, boxes: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Owned points near each peer's query box: ``(dest, local_index)``, sorted by peer then index."""
+    dim, world = points.shape[1], boxes.shape[0]
+    lo, hi, r2 = boxes[:, :dim], boxes[:, dim : 2 * dim], boxes[:, 2 * dim]
+    step = max(1, _BOX_BLOCK // max(world * dim, 1))
+    near = torch.cat(
+        [_box_d2(points[a : a + step], lo, hi) <= r2[None, :] for a in range(0, points.shape[0], step)]
+        or [torch.zeros(0, world, dtype=torch.bool, device=points.device)]
+    )
+    near[:, rank] = False
+    dest, local = near.t().nonzero(as_tuple=True)  # row-major over (peer, point): sorted as wanted
+    return dest, local
+
+
+def _keep_mask(
+    queries: torch.Tensor, r2: float | torch.Tensor, candidates: torch.Tensor, backend: str | None
+) -> torch.Tensor:
+    """Which candidate points lie within the radius of at least one query (exact)."""
+    keep = torch.zeros(candidates.shape[0], dtype=torch.bool, device=candidates.device)
+    if candidates.shape[0] == 0 or queries.shape[0] == 0:
+        return keep
+    if isinstance(r2, torch.Tensor) and bool(torch.isinf(r2).any()):
+        keep[:] = True  # a query without a finite bound needs every point
+        return keep
+    _, pj, _ = radius_pairs(candidates, queries.to(candidates.device), r2, backend=backend)
+    keep[pj] = True
+    return keep
+
+
+def _segment_sums(mask: torch.Tensor, counts: Sequence[int]) -> list[int]:
+    return [int(part.sum()) for part in mask.split(list(counts))]
+
+
+def _r2_of(radius: float | torch.Tensor) -> float | torch.Tensor:
+    if isinstance(radius, torch.Tensor):
+        r = radius.detach().to(torch.float64)
+        return r * r
+    return radius * radius
+
+
+class HaloPlan:
+    """Which owned points are ghosts of which rank, and the exchange that moves them.
+
+    Build with :meth:`build` (or get one from :func:`meshshard.ops.ball_query`). The *extended*
+    local tensor is ``[owned; ghosts]``: rows ``0 .. N_local - 1`` are this rank's points, the
+    next ``N_ghost`` rows are ghosts, grouped by owner rank and in increasing global index.
+
+    Attributes
+    ----------
+    send_index : LongTensor ``(N_send,)``
+        Owned rows sent, grouped by destination rank (``send_counts``).
+    send_counts, recv_counts : tuple of int ``(P,)``
+        Rows sent to / received from each rank (zero for this rank itself).
+    ghost_global_index : LongTensor ``(N_ghost,)``
+        Position of every ghost in ``points.full_tensor()``.
+    ghost_points : Tensor ``(N_ghost, D)``
+        Coordinates of the ghosts (already exchanged while building the plan).
+    radius : float or None
+        The ball radius (``None`` for per-query radii, as built by :func:`meshshard.ops.knn`).
+
+    **Shapes:** ``exchange``: ``(N_local, *C)`` -> ``(N_local + N_ghost, *C)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        send_index: torch.Tensor,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int],
+        ghost_global_index: torch.Tensor,
+        ghost_points: torch.Tensor,
+        num_owned: int,
+        offsets: Sequence[int],
+        rank: int,
+        group: dist.ProcessGroup | None,
+        radius: float | None,
+    ) -> None:
+        self.send_index = send_index
+        self.send_counts = tuple(int(c) for c in send_counts)
+        self.recv_counts = tuple(int(c) for c in recv_counts)
+        self.ghost_global_index = ghost_global_index
+        self.ghost_points = ghost_points
+        self.num_owned = int(num_owned)
+        self.offsets = tuple(int(o) for o in offsets)
+        self.rank = int(rank)
+        self.group = group
+        self.radius = radius
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        points: ShardTensor | torch.Tensor,
+        radius: float | torch.Tensor,
+        queries: ShardTensor | torch.Tensor | None = None,
+        *,
+        regions: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> HaloPlan:
+        """Build the plan of the ghosts that ``queries`` need within ``radius``.
+
+        Parameters
+        ----------
+        points:
+            ``(N_local, D)`` coordinates, a :class:`~meshshard.ShardTensor` sharded along dim 0
+            (a plain tensor gives the trivial single-process plan with no ghosts).
+        radius:
+            Positive finite ball radius (closed ball), or an ``(M_local,)`` tensor of per-query
+            radii (``inf`` allowed: such a query needs every point).
+        queries:
+            ``(M_local, D)`` query coordinates, sharded over the same mesh axis (default: the
+            points themselves). Ghosts are points within ``radius`` of a *query* of this rank.
+        regions:
+            ``(P, 2, D)`` boxes that contain each rank's queries (e.g. ``Partition.regions`` when
+            the queries are the points): skips the all-gather of the query boxes. Only with a
+            scalar radius.
+        backend:
+            Local kernel for the exact filter (see :func:`meshshard.ops.ball_query`).
+
+        **Communication:** one ``all_gather`` of ``(2 D + 1)`` float64 per rank (none with
+        ``regions``), then three ``all_to_all``: ``P`` int64 counts, ``(D + 1)`` float64 per
+        candidate ghost, and one byte per candidate back. Nothing on a plain tensor.
+        """
+        if regions is not None and isinstance(radius, torch.Tensor):
+            raise ValueError("regions can only be used with a scalar radius (got per-query radii)")
+        if not isinstance(radius, torch.Tensor):
+            radius = check_radius(radius)
+        return cls._build(points, queries, _r2_of(radius), regions=regions, backend=backend)
+
+    @classmethod
+    def _build(
+        cls,
+        points: ShardTensor | torch.Tensor,
+        queries: ShardTensor | torch.Tensor | None,
+        r2: float | torch.Tensor,
+        *,
+        regions: torch.Tensor | None = None,
+        backend: str | None = None,
+    ) -> HaloPlan:
+        """:meth:`build` from the squared radius (scalar, or exact per-query float64 bounds)."""
+        if queries is None:
+            queries = points
+        radius = None if isinstance(r2, torch.Tensor) else math.sqrt(r2)
+        if not isinstance(points, ShardTensor):
+            local = points.detach()
+            n = local.shape[0]
+            return cls(
+                send_index=torch.zeros(0, dtype=torch.long, device=local.device),
+                send_counts=(0,),
+                recv_counts=(0,),
+                ghost_global_index=torch.zeros(0, dtype=torch.long, device=local.device),
+                ghost_points=local[:0],
+                num_owned=n,
+                offsets=(0, n),
+                rank=0,
+                group=None,
+                radius=radius,
+            )
+        spec = points.spec
+        group, rank, world = spec.group, spec.rank, spec.num_ranks
+        local_points = points.to_local().detach()
+        local_queries = (queries.to_local() if isinstance(queries, ShardTensor) else queries).detach()
+        dim = local_points.shape[1]
+        device = local_points.device
+        if regions is not None:
+            regions = torch.as_tensor(regions).to(device, torch.float64)
+            if regions.shape != (world, 2, dim):
+                raise ValueError(
+                    f"regions must have shape (P, 2, D) = ({world}, 2, {dim}) (got {tuple(regions.shape)})"
+                )
+            boxes = torch.cat(
+                [
+                    regions.reshape(world, 2 * dim),
+                    torch.full((world, 1), r2, device=device, dtype=torch.float64),
+                ],
+                1,
+            )
+        else:
+            boxes = comm.all_gather(_query_box(local_queries, r2), group)
+        dest, cand_local = _candidates(local_points, boxes, rank)
+        cand_counts = torch.bincount(dest, minlength=world)
+        peer_counts = comm.all_to_all(cand_counts.reshape(world, 1), [1] * world, [1] * world, group)
+        send_c = cand_counts.tolist()
+        recv_c = peer_counts.reshape(-1).tolist()
+        payload = torch.cat(
+            [
+                local_points.index_select(0, cand_local).to(torch.float64),
+                (cand_local + spec.offsets[rank]).to(torch.float64)[:, None],
+            ],
+            1,
+        )
+        incoming = comm.all_to_all(payload, send_c, recv_c, group)
+        keep = _keep_mask(local_queries, r2, incoming[:, :dim], backend)
+        kept_back = comm.all_to_all(keep, recv_c, send_c, group)
+        send_counts = _segment_sums(kept_back, send_c)
+        recv_counts = _segment_sums(keep, recv_c)
+        return cls(
+            send_index=cand_local[kept_back],
+            send_counts=send_counts,
+            recv_counts=recv_counts,
+            ghost_global_index=incoming[keep, dim].long(),
+            ghost_points=incoming[keep, :dim].to(local_points.dtype),
+            num_owned=local_points.shape[0],
+            offsets=spec.offsets,
+            rank=rank,
+            group=group,
+            radius=radius,
+        )
+
+    # -- sizes --------------------------------------------------------------------------------------
+    @property
+    def num_ghosts(self) -> int:
+        """``N_ghost``: rows this rank receives."""
+        return sum(self.recv_counts)
+
+    @property
+    def num_sent(self) -> int:
+        """Rows this rank sends per exchange (an owned point sent to two ranks counts twice)."""
+        return sum(self.send_counts)
+
+    @property
+    def num_extended(self) -> int:
+        return self.num_owned + self.num_ghosts
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.send_counts)
+
+    def peer_counts(self) -> dict[int, dict[str, int]]:
+        """``{peer: {"send": rows, "recv": rows}}`` for every peer exchanging at least one row."""
+        return {
+            peer: {"send": s, "recv": r}
+            for peer, (s, r) in enumerate(zip(self.send_counts, self.recv_counts))
+            if s or r
+        }
+
+    def bytes_per_exchange(self, row_bytes: int | torch.Tensor) -> dict[str, int]:
+        """Bytes sent and received by this rank for one :meth:`exchange`.
+
+        ``row_bytes`` is the size of one row, or a tensor whose row size is used (e.g. the
+        features about to be exchanged).
+        """
+        if isinstance(row_bytes, torch.Tensor):
+            row_bytes = row_bytes.element_size() * math.prod(row_bytes.shape[1:])
+        return {"send": self.num_sent * int(row_bytes), "recv": self.num_ghosts * int(row_bytes)}
+
+    @property
+    def extended_global_index(self) -> torch.Tensor:
+        """``(N_local + N_ghost,)``: the global index of every row of the extended tensor."""
+        start = self.offsets[self.rank]
+        owned = torch.arange(start, start + self.num_owned, device=self.ghost_global_index.device)
+        return torch.cat([owned, self.ghost_global_index])
+
+    def to_global(self, index: torch.Tensor) -> torch.Tensor:
+        """Map extended-row indices (``-1`` padded) to global indices (``-1`` kept)."""
+        table = self.extended_global_index.to(index.device)
+        return torch.where(index >= 0, table[index.clamp(min=0)], index)
+
+    # -- exchange -----------------------------------------------------------------------------------
+    def exchange(self, features: ShardTensor | torch.Tensor) -> torch.Tensor:
+        """``[owned; ghosts]`` for a per-point tensor (differentiable).
+
+        Parameters
+        ----------
+        features:
+            ``(N_local, *C)``: any per-point tensor of this rank's points (a ShardTensor is used
+            through its local shard).
+
+        Returns
+        -------
+        Tensor
+            ``(N_local + N_ghost, *C)`` plain tensor: the owned rows, then the ghosts.
+
+        **Communication:** one ``all_to_all_single`` of ``num_sent * row_bytes`` sent by this rank
+        (none on a plain single-process plan); backward: one ``all_to_all_single`` of the ghost
+        gradients back to their owners, which ``index_select``'s backward **adds** into the owned
+        rows (a point that is a ghost of several ranks receives the sum).
+        """
+        local = features.to_local() if isinstance(features, ShardTensor) else features
+        if not isinstance(local, torch.Tensor):
+            raise TypeError(f"features must be a torch.Tensor (got {type(features).__name__})")
+        if local.dim() == 0 or local.shape[0] != self.num_owned:
+            raise ValueError(
+                f"features must have N_local = {self.num_owned} rows, one per owned point "
+                f"(got shape {tuple(local.shape)})"
+            )
+        if self.group is None:
+            return local
+        send = local.index_select(0, self.send_index.to(local.device))
+        ghosts = comm.all_to_all(send, self.send_counts, self.recv_counts, self.group)
+        return torch.cat([local, ghosts], 0)
+
+    def __repr__(self) -> str:
+        return (
+            f"HaloPlan(rank={self.rank}, num_owned={self.num_owned}, num_ghosts={self.num_ghosts}, "
+            f"num_sent={self.num_sent}, radius={self.radius})"
+        )
+
+
+def simulate_halo(
+    points_per_rank: Sequence[torch.Tensor],
+    radius: float,
+    queries_per_rank: Sequence[torch.Tensor] | None = None,
+    *,
+    row_bytes: int | None = None,
+    backend: str | None = None,
+) -> dict[str, Any]:
+    """Build the halo plans of ``P`` ranks in one process (no process group) and report their size.
+
+    Uses the same functions as :meth:`HaloPlan.build`, so the counts are those a ``P``-rank run
+    would get. For capacity planning (``meshshard plan``) and benchmarks.
+
+    Parameters
+    ----------
+    points_per_rank:
+        ``P`` tensors ``(N_r, D)``: each rank's points (e.g. ``points[perm[off_r:off_r+1]]``).
+    radius:
+        Ball radius (closed ball).
+    queries_per_rank:
+        ``P`` tensors ``(M_r, D)`` (default: the points).
+    row_bytes:
+        Bytes of one exchanged row (default: one coordinate row, ``D * itemsize``).
+
+    Returns
+    -------
+    dict
+        ``num_owned``, ``num_ghosts``, ``num_candidates`` (after the box test only), ``num_sent``
+        (lists over ranks), ``send_counts`` (``P x P``: ``[s][r]`` rows ``s`` sends ``r``),
+        ``ghost_bytes`` / ``ring_bytes`` (per rank sent per exchange; the ring moves every point
+        to every other rank), ``total_ghost_bytes``, ``total_ring_bytes``, ``ghost_fraction``
+        (ghosts over owned points, all ranks) and ``row_bytes``.
+    """
+    radius = check_radius(radius)
+    if queries_per_rank is None:
+        queries_per_rank = points_per_rank
+    world = len(points_per_rank)
+    if len(queries_per_rank) != world:
+        raise ValueError(
+            f"queries_per_rank must have one entry per rank ({world}) (got {len(queries_per_rank)})"
+        )
+    if world == 0:
+        raise ValueError("points_per_rank must hold at least one rank's points (got an empty list)")
+    dim = points_per_rank[0].shape[1]
+    if row_bytes is None:
+        row_bytes = dim * points_per_rank[0].element_size()
+    r2 = radius * radius
+    boxes = torch.stack([_query_box(q, r2) for q in queries_per_rank])
+    send = [[0] * world for _ in range(world)]
+    candidates = [0] * world
+    incoming: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    for s, pts in enumerate(points_per_rank):
+        dest, local = _candidates(pts, boxes.to(pts.device), s)
+        candidates[s] = int(dest.numel())
+        for r in range(world):
+            incoming[r].append(pts.index_select(0, local[dest == r]))
+    for r in range(world):
+        for s in range(world):
+            if incoming[r][s].shape[0]:
+                send[s][r] = int(_keep_mask(queries_per_rank[r], r2, incoming[r][s], backend).sum())
+    num_sent = [sum(row) for row in send]
+    num_ghosts = [sum(send[s][r] for s in range(world)) for r in range(world)]
+    num_owned = [int(p.shape[0]) for p in points_per_rank]
+    total = sum(num_owned)
+    ring = [(world - 1) * n * row_bytes for n in num_owned]
+    return {
+        "num_ranks": world,
+        "radius": radius,
+        "row_bytes": int(row_bytes),
+        "num_owned": num_owned,
+        "num_ghosts": num_ghosts,
+        "num_candidates": candidates,
+        "num_sent": num_sent,
+        "send_counts": send,
+        "ghost_bytes": [n * row_bytes for n in num_sent],
+        "ring_bytes": ring,
+        "total_ghost_bytes": sum(num_sent) * row_bytes,
+        "total_ring_bytes": sum(ring),
+        "ghost_fraction": sum(num_ghosts) / max(total, 1),
+    }

@@ -1,0 +1,86 @@
+"""Exact distances and the normalised neighbour order shared by every kernel backend.
+
+Every backend only proposes *candidate* pairs (with a slightly inflated radius); the decision
+``d2 <= r2`` and the order of neighbours are made here, with one formula, so all backends, devices
+and partitions agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["INFLATE", "lexsort_pairs", "pair_d2", "select_rows", "sq_dist"]
+
+#: Relative radius inflation for candidate generation: a backend's own rounding can then never
+#: drop a pair that :func:`pair_d2` accepts.
+INFLATE = 1e-6
+
+
+def sq_dist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distance in float64, summed over coordinates in a fixed order.
+
+    The fixed order (``x`` then ``y`` then ``z``) makes the value independent of the device and of
+    how a reduction kernel would group the terms, so ties and the closed-ball boundary are decided
+    identically everywhere.
+
+    **Shapes:** ``a``, ``b`` ``(..., D)`` (broadcastable) -> ``(...)`` float64.
+    """
+    diff = a.to(torch.float64) - b.to(torch.float64)
+    sq = diff * diff
+    out = sq[..., 0]
+    for c in range(1, sq.shape[-1]):
+        out = out + sq[..., c]
+    return out
+
+
+def pair_d2(points: torch.Tensor, queries: torch.Tensor, qi: torch.Tensor, pj: torch.Tensor) -> torch.Tensor:
+    """``sq_dist(queries[qi], points[pj])`` (float64, ``(E,)``)."""
+    return sq_dist(queries.index_select(0, qi), points.index_select(0, pj))
+
+
+def lexsort_pairs(qi: torch.Tensor, d2: torch.Tensor, gj: torch.Tensor) -> torch.Tensor:
+    """Permutation that sorts pairs by query, then distance, then global point index."""
+    order = torch.argsort(gj, stable=True)
+    order = order[torch.argsort(d2[order], stable=True)]
+    return order[torch.argsort(qi[order], stable=True)]
+
+
+def select_rows(
+    qi: torch.Tensor,
+    pj: torch.Tensor,
+    d2: torch.Tensor,
+    point_gidx: torch.Tensor | None,
+    num_queries: int,
+    max_neighbors: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keep, per query, the ``max_neighbors`` nearest pairs (ties: smaller global index).
+
+    Parameters
+    ----------
+    qi, pj, d2:
+        ``(E,)`` accepted pairs: query row, point row, exact squared distance.
+    point_gidx:
+        ``(N,)`` global index of every point row (``None``: the row itself).
+    num_queries, max_neighbors:
+        ``M`` and ``K``.
+
+    Returns
+    -------
+    index, count, dist2:
+        ``(M, K)`` point rows, ``-1`` padded; ``(M,)`` number of valid entries; ``(M, K)`` float64
+        squared distances, ``inf`` padded.
+    """
+    device = qi.device
+    gj = pj if point_gidx is None else point_gidx.index_select(0, pj)
+    order = lexsort_pairs(qi, d2, gj)
+    qi, pj, d2 = qi[order], pj[order], d2[order]
+    per_query = torch.bincount(qi, minlength=num_queries)
+    starts = torch.cumsum(per_query, 0) - per_query
+    rank = torch.arange(qi.numel(), device=device) - starts.index_select(0, qi)
+    keep = rank < max_neighbors
+    qi, pj, d2, rank = qi[keep], pj[keep], d2[keep], rank[keep]
+    index = torch.full((num_queries, max_neighbors), -1, dtype=torch.long, device=device)
+    dist2 = torch.full((num_queries, max_neighbors), torch.inf, dtype=torch.float64, device=device)
+    index[qi, rank] = pj
+    dist2[qi, rank] = d2
+    return index, per_query.clamp(max=max_neighbors), dist2

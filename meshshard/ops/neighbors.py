@@ -1,0 +1,294 @@
+"""Exact, partition-invariant neighbour search on sharded point clouds: ball query and kNN.
+
+Semantics (the same for every world size, partition and kernel backend)
+-----------------------------------------------------------------------
+* Distances are Euclidean, computed as float64 squared distances from the given coordinates with
+  one fixed formula; the ball is **closed**: a point at distance exactly ``radius`` is a neighbour.
+* Within a row, neighbours are ordered by distance, ties by smaller **global index** (position in
+  ``points.full_tensor()``); truncation to ``max_neighbors`` keeps the first ones, i.e. the nearest.
+* ``knn`` returns the ``k`` first points of that order over all points (fewer when there are fewer
+  than ``k`` points in total).
+
+So a sharded result, mapped with :meth:`Neighbors.global_index`, equals the single-process result
+on the gathered points, unlike torch-cluster (traversal-order truncation) or a ring-based ball
+query (rank-order truncation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ShardingError
+from ..halo import HaloPlan, check_radius
+from ..tensor import ShardSpec, ShardTensor
+from ._kernels import check_backend, knn_bound, radius_pairs, select_rows
+
+__all__ = ["Neighbors", "ball_query", "knn"]
+
+
+@dataclass
+class Neighbors:
+    """Per-query neighbour lists in the index space of the plan's extended tensor.
+
+    Attributes
+    ----------
+    index : LongTensor ``(M_local, K)``
+        Rows of ``plan.exchange(points)`` (``[owned; ghosts]``), ``-1`` padded; ordered by distance,
+        ties by global index.
+    count : LongTensor ``(M_local,)``
+        Valid entries per row (``index[i, :count[i]] >= 0``).
+    plan : HaloPlan
+        ``plan.exchange(features)`` gives the extended tensor that ``index`` addresses.
+    distances : Tensor ``(M_local, K)`` or None
+        Euclidean distances in the points' dtype, ``inf`` padded (when requested).
+    query_spec : ShardSpec or None
+        Sharding of the queries (``None`` on plain tensors): lets layers return ShardTensors.
+    """
+
+    index: torch.Tensor
+    count: torch.Tensor
+    plan: HaloPlan
+    distances: torch.Tensor | None = None
+    query_spec: ShardSpec | None = field(default=None, repr=False)
+
+    @property
+    def num_queries(self) -> int:
+        return self.index.shape[0]
+
+    @property
+    def max_neighbors(self) -> int:
+        return self.index.shape[1]
+
+    def global_index(self) -> torch.Tensor:
+        """``(M_local, K)`` positions in ``points.full_tensor()``, ``-1`` padded, same order as ``index``."""
+        return self.plan.to_global(self.index)
+
+    def to_edge_index(self, global_index: bool = False) -> torch.Tensor:
+        """PyG ``edge_index`` ``(2, E)``: row 0 the neighbour (source), row 1 the query (target).
+
+        Sources address the extended tensor (``global_index=True``: global positions), targets
+        the local queries; edges are grouped by query in row order (CSR order), so use it with
+        ``MessagePassing`` on the bipartite pair ``(plan.exchange(x), x_queries)``.
+        """
+        valid = self.index >= 0
+        rows = torch.arange(self.num_queries, device=self.index.device)[:, None].expand_as(self.index)
+        source = (self.global_index() if global_index else self.index)[valid]
+        return torch.stack([source, rows[valid]])
+
+    def to_csr(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rowptr, col)``: ``col[rowptr[i]:rowptr[i + 1]]`` are query ``i``'s neighbours."""
+        rowptr = torch.zeros(self.num_queries + 1, dtype=torch.long, device=self.index.device)
+        torch.cumsum(self.count, 0, out=rowptr[1:])
+        return rowptr, self.index[self.index >= 0]
+
+
+# -- argument checks ---------------------------------------------------------------------------------
+def _check_count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (got {type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1 (got {value})")
+    return value
+
+
+def _check_coords(x: object, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or ShardTensor (got {type(x).__name__})")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must hold floating-point coordinates (got {x.dtype})")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape (N, D) (got {tuple(x.shape)})")
+    if isinstance(x, ShardTensor) and x.shard_dim != 0:
+        raise ValueError(f"{name} must be sharded along dim 0, the point dimension (got dim {x.shard_dim})")
+    return x
+
+
+def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Validated ``(points, queries, self_query)``; ``queries=None`` means the points themselves."""
+    points = _check_coords(points, "points")
+    if queries is None or queries is points:
+        return points, points, True
+    queries = _check_coords(queries, "queries")
+    if queries.shape[1] != points.shape[1]:
+        raise ValueError(
+            "points and queries must have the same dimension D "
+            f"(got {points.shape[1]} and {queries.shape[1]})"
+        )
+    p_sharded, q_sharded = isinstance(points, ShardTensor), isinstance(queries, ShardTensor)
+    if p_sharded != q_sharded:
+        raise TypeError(
+            "points and queries must both be ShardTensors or both plain tensors "
+            f"(got {type(points).__name__} and {type(queries).__name__})"
+        )
+    if p_sharded:
+        ps, qs = points.spec, queries.spec
+        if ps.mesh_id != qs.mesh_id or ps.mesh_dim != qs.mesh_dim:
+            raise ShardingError(
+                f"[rank {ps.rank}] points and queries must be sharded over the same mesh axis "
+                f"(got mesh {ps.mesh_id} axis {ps.mesh_dim} and mesh {qs.mesh_id} axis {qs.mesh_dim})"
+            )
+    if points.device != queries.device:
+        raise ValueError(
+            f"points and queries must be on one device (got {points.device} and {queries.device})"
+        )
+    return points, queries, False
+
+
+def _local(x: torch.Tensor) -> torch.Tensor:
+    return (x.to_local() if isinstance(x, ShardTensor) else x).detach()
+
+
+def _finish(
+    index: torch.Tensor,
+    count: torch.Tensor,
+    dist2: torch.Tensor,
+    plan: HaloPlan,
+    queries: torch.Tensor,
+    dtype: torch.dtype,
+    return_distances: bool,
+) -> Neighbors:
+    distances = dist2.sqrt().to(dtype) if return_distances else None
+    spec = queries.spec if isinstance(queries, ShardTensor) else None
+    return Neighbors(index=index, count=count, plan=plan, distances=distances, query_spec=spec)
+
+
+# -- ops ---------------------------------------------------------------------------------------------
+def ball_query(
+    points: ShardTensor | torch.Tensor,
+    queries: ShardTensor | torch.Tensor | None,
+    radius: float,
+    max_neighbors: int,
+    *,
+    return_distances: bool = False,
+    backend: str | None = None,
+    plan: HaloPlan | None = None,
+    regions: torch.Tensor | None = None,
+) -> Neighbors:
+    r"""All points within ``radius`` of each query (closed ball), nearest ``max_neighbors`` first.
+
+    For query :math:`q` the result is :math:`\{p : \|p - q\| \le r\}` sorted by distance, ties by
+    global index, truncated to ``max_neighbors``. Identical for every world size and partition.
+
+    Parameters
+    ----------
+    points:
+        ``(N_local, D)`` coordinates: a ShardTensor sharded along dim 0, or a plain tensor
+        (single process).
+    queries:
+        ``(M_local, D)`` query coordinates sharded over the same mesh axis (e.g. volume points
+        querying surface points), or ``None`` / ``points`` itself for a self query (every point
+        finds itself).
+    radius:
+        Positive finite radius.
+    max_neighbors:
+        ``K >= 1``: the row width of ``index``.
+    return_distances:
+        Also fill :attr:`Neighbors.distances`.
+    backend:
+        Local kernel: ``"scipy"`` (CPU default), ``"grid"`` (torch cell list; CUDA default) or
+        ``"torch_cluster"``; all give identical results.
+    plan:
+        Reuse a plan built for these points and queries with a radius ``>= radius`` (no
+        communication at all then).
+    regions:
+        ``(P, 2, D)`` boxes containing each rank's queries: saves the plan's all-gather.
+
+    Returns
+    -------
+    Neighbors
+        ``index`` ``(M_local, K)`` into ``plan.exchange(points)``, ``count`` ``(M_local,)``,
+        ``global_index()``, ``plan``.
+
+    **Communication:** building the plan (see :meth:`HaloPlan.build`): one small ``all_gather``
+    and three ``all_to_all`` (counts, candidate coordinates in float64, keep mask). The query
+    itself is local. Nothing on plain tensors or with a given ``plan``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> pts = torch.tensor([[0.0], [1.0], [3.0], [1.0]])
+    >>> nbr = ball_query(pts, None, 1.0, 3)
+    >>> nbr.index.tolist(), nbr.count.tolist()
+    ([[0, 1, 3], [1, 3, 0], [2, -1, -1], [1, 3, 0]], [3, 3, 1, 3])
+    """
+    points, queries, self_query = _check_pair(points, queries)
+    radius = check_radius(radius)
+    max_neighbors = _check_count(max_neighbors, "max_neighbors")
+    backend = check_backend(backend, points.device)
+    local_points, local_queries = _local(points), _local(queries)
+    if plan is None:
+        plan = HaloPlan.build(
+            points, radius, None if self_query else queries, regions=regions, backend=backend
+        )
+    else:
+        if not isinstance(plan, HaloPlan):
+            raise TypeError(f"plan must be a HaloPlan (got {type(plan).__name__})")
+        if plan.radius is None or plan.radius < radius or plan.num_owned != local_points.shape[0]:
+            raise ValueError(
+                f"plan must be built for these {local_points.shape[0]} points with a radius >= {radius} "
+                f"(got a plan for {plan.num_owned} points with radius {plan.radius})"
+            )
+    ext_points = (
+        torch.cat([local_points, plan.ghost_points.to(local_points.device)])
+        if plan.num_ghosts
+        else local_points
+    )
+    qi, pj, d2 = radius_pairs(
+        ext_points, local_queries, radius * radius, backend=backend, queries_are_prefix=self_query
+    )
+    gidx = plan.extended_global_index.to(points.device) if plan.group is not None else None
+    index, count, dist2 = select_rows(qi, pj, d2, gidx, local_queries.shape[0], max_neighbors)
+    return _finish(index, count, dist2, plan, queries, points.dtype, return_distances)
+
+
+def knn(
+    points: ShardTensor | torch.Tensor,
+    queries: ShardTensor | torch.Tensor | None,
+    k: int,
+    *,
+    return_distances: bool = False,
+    backend: str | None = None,
+) -> Neighbors:
+    """The ``k`` nearest points of each query, exactly (ties by global index), on any partition.
+
+    Parameters
+    ----------
+    points, queries:
+        As in :func:`ball_query` (``queries=None``: the points; each point is its own nearest).
+    k:
+        ``k >= 1``; rows have fewer valid entries only when there are fewer than ``k`` points.
+    return_distances, backend:
+        As in :func:`ball_query`.
+
+    Returns
+    -------
+    Neighbors
+        ``index`` ``(M_local, k)`` into ``plan.exchange(points)``.
+
+    Algorithm: a local pass over the owned points gives each query an upper bound ``b_q`` on its
+    squared ``k``-th distance (``inf`` when the rank owns fewer than ``k`` points); a halo with
+    per-query radii ``sqrt(b_q)`` brings every point that can be among the ``k`` nearest; an exact
+    second pass over ``[owned; ghosts]`` selects them.
+
+    **Communication:** one halo plan with per-query radii (one small ``all_gather``, three
+    ``all_to_all``); nothing on plain tensors. A rank that owns fewer than ``k`` points receives
+    every point.
+    """
+    points, queries, self_query = _check_pair(points, queries)
+    k = _check_count(k, "k")
+    backend = check_backend(backend, points.device)
+    local_points, local_queries = _local(points), _local(queries)
+    if isinstance(points, ShardTensor):
+        bound = knn_bound(local_points, local_queries, k, backend=backend, strict=True)
+        plan = HaloPlan._build(points, None if self_query else queries, bound, backend=backend)
+        ext_points = torch.cat([local_points, plan.ghost_points.to(local_points.device)])
+        gidx = plan.extended_global_index.to(points.device)
+    else:
+        plan = HaloPlan._build(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)
+        ext_points, gidx = local_points, None
+    bound = knn_bound(ext_points, local_queries, k, backend=backend, strict=False)
+    qi, pj, d2 = radius_pairs(ext_points, local_queries, bound, backend=backend)
+    index, count, dist2 = select_rows(qi, pj, d2, gidx, local_queries.shape[0], k)
+    return _finish(index, count, dist2, plan, queries, points.dtype, return_distances)

@@ -1,0 +1,260 @@
+"""ball_query and knn: exact semantics, backend agreement, and partition invariance at P = 1..4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import meshshard as ms
+from meshshard.errors import ShardingError
+from meshshard.ops import Neighbors, ball_query, knn
+from meshshard.ops._kernels import radius_pairs, torch_cluster_available
+from meshshard.partition import partition
+from meshshard.testing import run_distributed
+
+BACKENDS = ["scipy", "grid"] + (["torch_cluster"] if torch_cluster_available() else [])
+
+
+# -- reference: brute force on the gathered points ----------------------------------------------------
+def reference(points, queries, radius=None, k=None):
+    """(M, K) global indices, -1 padded: float64 distances summed x, y, z; sorted (d2, index)."""
+    p = np.asarray(points, dtype=np.float64)
+    q = np.asarray(queries, dtype=np.float64)
+    diff = q[:, None, :] - p[None, :, :]
+    sq = diff * diff
+    d2 = sq[..., 0]
+    for c in range(1, sq.shape[-1]):
+        d2 = d2 + sq[..., c]
+    width = k if k is not None else None
+    rows = []
+    for i in range(q.shape[0]):
+        order = np.lexsort((np.arange(p.shape[0]), d2[i]))
+        if radius is not None:
+            order = order[d2[i][order] <= radius * radius]
+        rows.append(order)
+    if width is None:
+        width = max([len(r) for r in rows] + [1])
+    out = np.full((q.shape[0], width), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        r = r[:width]
+        out[i, : len(r)] = r
+    return out
+
+
+def grid_cloud(n, seed, dim=3, spacing=0.25, span=8, dup=0.2):
+    """Points on a lattice (exact in float32: many exact-radius ties) with duplicates, in clusters."""
+    g = torch.Generator().manual_seed(seed)
+    pts = torch.randint(0, span, (n, dim), generator=g).float() * spacing
+    pts[: n // 3] *= 0.5  # a dense cluster
+    ndup = int(n * dup)
+    src = torch.randint(0, n, (ndup,), generator=g)
+    pts[n - ndup :] = pts[src]
+    return pts
+
+
+# -- single process ------------------------------------------------------------------------------------
+def test_tiny_exact_1d():
+    pts = torch.tensor([[0.0], [1.0], [3.0], [1.0], [2.0]])
+    nbr = ball_query(pts, None, 1.0, 3, return_distances=True)
+    assert isinstance(nbr, Neighbors)
+    # query 0 (x=0): 0 (d 0), then 1 and 3 (both d 1: ties by index), truncated to 3.
+    assert nbr.index.tolist() == [[0, 1, 3], [1, 3, 0], [2, 4, -1], [1, 3, 0], [4, 1, 2]]
+    assert nbr.count.tolist() == [3, 3, 2, 3, 3]
+    assert torch.equal(nbr.global_index(), nbr.index)
+    assert nbr.distances[2].tolist() == [0.0, 1.0, float("inf")]
+    edge = nbr.to_edge_index()
+    assert edge.shape == (2, 14) and edge[1].tolist() == [0] * 3 + [1] * 3 + [2] * 2 + [3] * 3 + [4] * 3
+    rowptr, col = nbr.to_csr()
+    assert rowptr.tolist() == [0, 3, 6, 8, 11, 14] and torch.equal(col, edge[0])
+
+
+def test_closed_ball_boundary_and_other_queries():
+    pts = torch.tensor([[0.0, 0.0], [0.3, 0.4], [0.6, 0.8], [0.0, 0.0]])
+    q = torch.tensor([[0.0, 0.0], [5.0, 5.0]])
+    nbr = ball_query(pts, q, 0.5, 8)  # |(0.3, 0.4)| == 0.5 in float64 of the float32 values? check ref
+    assert nbr.index.tolist() == reference(pts, q, radius=0.5, k=8).tolist()
+    assert nbr.count.tolist()[1] == 0
+
+
+def test_knn_tiny():
+    pts = torch.tensor([[0.0], [2.0], [1.0], [1.0]])
+    nbr = knn(pts, torch.tensor([[1.0], [10.0]]), 3, return_distances=True)
+    assert nbr.index.tolist() == [[2, 3, 0], [1, 2, 3]]
+    assert nbr.distances.tolist() == [[0.0, 0.0, 1.0], [8.0, 9.0, 9.0]]
+    few = knn(pts, None, 6)
+    assert few.count.tolist() == [4, 4, 4, 4] and (few.index[:, 4:] == -1).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backends_match_reference(backend):
+    pts = grid_cloud(300, 1)
+    q = grid_cloud(60, 2)
+    for radius, k in [(0.25, 5), (0.5, 40), (3.0, 7)]:
+        got = ball_query(pts, q, radius, k, backend=backend)
+        assert got.index.tolist() == reference(pts, q, radius=radius, k=k).tolist()
+        self_q = ball_query(pts, None, radius, k, backend=backend)
+        assert self_q.index.tolist() == reference(pts, pts, radius=radius, k=k).tolist()
+    assert knn(pts, q, 9, backend=backend).index.tolist() == reference(pts, q, k=9).tolist()
+
+
+def test_grid_kernel_chunks_agree():
+    from meshshard.ops._kernels._grid import grid_radius_candidates
+
+    pts, q = grid_cloud(200, 3), grid_cloud(50, 4)
+    whole = grid_radius_candidates(pts, q, 0.5**2)
+    parts = grid_radius_candidates(pts, q, 0.5**2, chunk_pairs=97)
+    assert len(whole) == 1 and len(parts) > 3
+
+    def pairs(chunks):
+        return sorted(zip(torch.cat([c[0] for c in chunks]).tolist(), torch.cat([c[1] for c in chunks]).tolist()))
+
+    assert pairs(whole) == pairs(parts)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    m=st.integers(0, 20),
+    seed=st.integers(0, 10_000),
+    radius=st.sampled_from([0.25, 0.5, 0.8, 2.0]),
+    k=st.integers(1, 12),
+    dim=st.sampled_from([2, 3]),
+)
+def test_property_matches_brute_force(n, m, seed, radius, k, dim):
+    pts = grid_cloud(n, seed, dim=dim, span=5)
+    q = grid_cloud(m, seed + 1, dim=dim, span=5) if m else pts[:0]
+    expected = reference(pts, q, radius=radius, k=k).tolist()
+    for backend in ("scipy", "grid"):
+        assert ball_query(pts, q, radius, k, backend=backend).index.tolist() == expected
+    if m:
+        assert knn(pts, q, k).index.tolist() == reference(pts, q, k=k).tolist()
+
+
+def test_radius_pairs_per_query_radii():
+    pts = torch.tensor([[0.0], [1.0], [2.0]])
+    q = torch.tensor([[0.0], [2.0]])
+    qi, pj, d2 = radius_pairs(pts, q, torch.tensor([1.0, 0.0], dtype=torch.float64), backend="grid")
+    assert sorted(zip(qi.tolist(), pj.tolist())) == [(0, 0), (0, 1), (1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"radius": -1.0}, ValueError, r"radius must be positive and finite \(got -1.0\)"),
+        ({"radius": float("nan")}, ValueError, r"radius must be positive and finite \(got nan\)"),
+        ({"radius": 0.0}, ValueError, r"radius must be positive"),
+        ({"radius": "1"}, TypeError, r"radius must be a real number \(got str\)"),
+        ({"max_neighbors": 0}, ValueError, r"max_neighbors must be at least 1 \(got 0\)"),
+        ({"max_neighbors": 2.0}, TypeError, r"max_neighbors must be an int \(got float\)"),
+        ({"queries": torch.zeros(3, 2)}, ValueError, r"same dimension D \(got 3 and 2\)"),
+        ({"queries": torch.zeros(3, dtype=torch.long)}, TypeError, r"queries must hold floating-point"),
+        ({"points": torch.zeros(4)}, ValueError, r"points must have shape \(N, D\) \(got \(4,\)\)"),
+        ({"backend": "cuml"}, ValueError, r"backend must be one of"),
+    ],
+)
+def test_bad_inputs(kwargs, error, match):
+    args = {"points": torch.zeros(4, 3), "queries": None, "radius": 1.0, "max_neighbors": 2}
+    args.update(kwargs)
+    backend = args.pop("backend", None)
+    with pytest.raises(error, match=match):
+        ball_query(args["points"], args["queries"], args["radius"], args["max_neighbors"], backend=backend)
+
+
+def test_knn_bad_k():
+    with pytest.raises(ValueError, match=r"k must be at least 1 \(got 0\)"):
+        knn(torch.zeros(3, 3), None, 0)
+
+
+@pytest.mark.skipif(not torch_cluster_available(), reason="torch-cluster not installed")
+def test_torch_cluster_backend_truncation_normalised():
+    pts = grid_cloud(200, 5)
+    got = ball_query(pts, None, 0.5, 3, backend="torch_cluster").index
+    assert got.tolist() == reference(pts, pts, radius=0.5, k=3).tolist()
+
+
+# -- distributed ---------------------------------------------------------------------------------------
+CASES = [
+    # (seed, layout, radius, k, self_query)
+    (0, "rcb", 0.25, 6, True),
+    (1, "hilbert", 0.5, 12, True),
+    (2, "rcb", 0.5, 5, False),
+    (3, "uneven", 0.25, 8, True),
+    (4, "hilbert", 5.0, 9, False),  # radius larger than a whole part
+    (5, "uneven", 0.75, 4, False),
+]
+
+
+def _layout(cloud, world, layout, rank_sizes_seed):
+    if layout in ("rcb", "hilbert"):
+        part = partition(cloud, world, method=layout)
+        return part, part.perm
+    # Contiguous rows of a shuffled cloud: overlapping boxes, uneven and empty shards.
+    n = cloud.shape[0]
+    pattern = [7, 0, 13, 2][:world]
+    base = [round(n * w / sum(pattern)) for w in pattern]
+    base[-1] = n - sum(base[:-1])
+    return base, torch.arange(n)
+
+
+def _check_cases(cases):
+    mesh = ms.init_mesh()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    failures = []
+    for seed, layout, radius, k, self_query in cases:
+        pts = grid_cloud(240, seed)
+        lay, perm = _layout(pts, world, layout, seed)
+        points = ms.scatter(pts, lay, mesh)
+        full = pts[perm]
+        if self_query:
+            queries, qfull = points, full
+        else:
+            qcloud = grid_cloud(90, seed + 100)
+            qlay, qperm = _layout(qcloud, world, "hilbert" if layout == "rcb" else "rcb", seed)
+            queries, qfull = ms.scatter(qcloud, qlay, mesh), qcloud[qperm]
+        lo, hi = queries.offsets[rank], queries.offsets[rank + 1]
+        with ms.CommCounter() as cc:
+            nbr = ball_query(points, queries, radius, k)
+        want = reference(full, qfull[lo:hi], radius=radius, k=k)
+        if nbr.global_index().tolist() != want.tolist():
+            failures.append(("ball_query", seed, layout))
+        if cc.counts["all_to_all"] != (3 if world > 1 else 0) or cc.counts["all_gather"] != (world > 1):
+            failures.append(("collectives", seed, dict(cc.counts)))
+        # index addresses the exchanged tensor
+        ext = nbr.plan.exchange(points)
+        valid = nbr.index >= 0
+        if not torch.equal(ext[nbr.index[valid]], full[nbr.global_index()[valid]]):
+            failures.append(("exchange", seed, layout))
+        kn = knn(points, queries, k)
+        if kn.global_index().tolist() != reference(full, qfull[lo:hi], k=k).tolist():
+            failures.append(("knn", seed, layout))
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_sharded_equals_single_process(world_size):
+    results = run_distributed(_check_cases, world_size, CASES)
+    assert results == [[]] * world_size
+
+
+def _mesh_errors():
+    mesh = ms.init_mesh()
+    other = ms.init_mesh()
+    pts = ms.ShardTensor.from_local(torch.zeros(3, 3), mesh, sizes=[3] * dist.get_world_size())
+    q_other = ms.ShardTensor.from_local(torch.zeros(2, 3), other, sizes=[2] * dist.get_world_size())
+    msgs = []
+    for queries, exc in [(q_other, ShardingError), (torch.zeros(2, 3), TypeError)]:
+        try:
+            ball_query(pts, queries, 1.0, 2)
+        except exc as e:
+            msgs.append(str(e))
+    return msgs
+
+
+def test_different_meshes_raise():
+    (msgs,) = run_distributed(_mesh_errors, 1)
+    assert len(msgs) == 2
+    assert "same mesh axis" in msgs[0] and "both be ShardTensors" in msgs[1]
