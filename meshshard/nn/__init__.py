@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 from .parallel import sync_gradients
+from .physics_attention import PhysicsAttention
+from .transolver import Transolver, TransolverBlock, chunked_forward
 
-__all__ = ["sync_gradients"]
+__all__ = ["sync_gradients", "PhysicsAttention", "Transolver", "TransolverBlock", "chunked_forward"]

@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from . import _rules_local, _rules_reduce, _rules_shape  # noqa: F401  (registration side effects)
 from .neighbors import Neighbors, ball_query, knn
+from .physics_attention import finish_slice_tokens, slice_sums, slice_tokens
 
-__all__: list[str] = ["Neighbors", "ball_query", "knn"]
+__all__: list[str] = ["Neighbors", "ball_query", "knn", "slice_tokens", "slice_sums", "finish_slice_tokens"]
