@@ -15,8 +15,8 @@ from ._vtk import Piece, to_vtk
 __all__ = ["plot_partition_quality", "rank_colors", "render_partitions"]
 
 # 3/4 views of a car-like body, length along x, nose towards -x, z up (DrivaerML's frame).
-FRONT_VIEW = (-1.0, -0.85, 0.45)
-REAR_VIEW = (1.0, 0.85, 0.45)
+FRONT_VIEW = (-0.65, -1.0, 0.42)
+REAR_VIEW = (0.65, 1.0, 0.42)
 _MAX_LEGEND_ENTRIES = 24
 
 
@@ -176,6 +176,7 @@ def render_partitions(
         plotter.set_background(background)
         for row, direction in enumerate(views):
             plotter.subplot(row, 0)
+            plotter.camera.view_angle = 18.0  # a longer lens: less perspective stretch of the near end
             style = {"render_points_as_spheres": True, "point_size": point_size} if ds.cells is None else {}
             plotter.add_mesh(mesh, scalars="rank_rgb", rgb=True, specular=0.0, ambient=0.25, diffuse=0.8,
                              show_scalar_bar=False, **style)
