@@ -2,21 +2,31 @@
 
 - :func:`make_synthetic_drivaerml` writes car-like runs in the real DrivaerML file layout;
 - :class:`DrivaerML` reads a DrivaerML-layout folder into point clouds of cell centres;
+- :func:`preprocess` (CLI: ``meshshard preprocess``) partitions runs into a store where every
+  rank's shard is one contiguous slice of each array;
+- :class:`DrivaerMLDataset` loads whole samples, or under a device mesh only this rank's shard
+  as ``ShardTensor`` s, with no communication.
 """
 
 from __future__ import annotations
 
+from ._preprocess import PreprocessReport, load_meta, preprocess
 from ._vtk import DatasetError
 from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
+from .drivaerml_dataset import DrivaerMLDataset
 from .synthetic import RHO, U_INF, make_synthetic_drivaerml
 
 __all__ = [
     "DatasetError",
     "DrivaerML",
+    "DrivaerMLDataset",
     "FIELD_UNITS",
+    "PreprocessReport",
     "RHO",
     "SURFACE_FIELDS",
     "U_INF",
     "VOLUME_FIELDS",
+    "load_meta",
     "make_synthetic_drivaerml",
+    "preprocess",
 ]

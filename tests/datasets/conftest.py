@@ -25,3 +25,16 @@ def tiny_split_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("drivaerml_split")
     make_synthetic_drivaerml(root, 1, seed=0, split_volume=True, **TINY)
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_root`` preprocessed for P in (1, 2, 3, 4), surface and volume, one process."""
+    from meshshard.datasets import preprocess
+
+    store = tmp_path_factory.mktemp("store")
+    report = preprocess(
+        tiny_root, store, parts=(1, 2, 3, 4), volume=True, workers=1, sdf_backend="igl", progress=False
+    )
+    assert report.ok and report.processed == [1, 2, 3]
+    return store

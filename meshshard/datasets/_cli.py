@@ -1,0 +1,80 @@
+"""``meshshard preprocess``: turn a DrivaerML-layout folder into a partitioned store."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``preprocess`` subcommand to an ``argparse`` subparsers object."""
+    parser = subparsers.add_parser(
+        "preprocess",
+        help="partition DrivaerML runs into a store that ranks read slice by slice",
+        description=(
+            "Read every run_i of a DrivaerML-layout folder (surface boundary_i.vtp and/or volume "
+            "volume_i.vtu), compute volume signed distances to drivaer_i.stl, partition the cell "
+            "centres for each --parts P, and write a store (meta.json + one .npy per array, in "
+            "partition order) with train-set statistics. Finished runs are skipped on a re-run."
+        ),
+    )
+    parser.add_argument("data_dir", metavar="DATA_DIR", help="folder holding run_<i>/ sub-folders")
+    parser.add_argument("store", metavar="STORE", help="output store folder (created)")
+    parser.add_argument(
+        "--parts", type=int, nargs="+", default=[1, 2, 4], help="part counts P to serve (default: 1 2 4)"
+    )
+    parser.add_argument("--method", choices=("rcb", "morton", "hilbert"), default="rcb")
+    parser.add_argument("--surface", action="store_true", help="store the surface (default if no kind given)")
+    parser.add_argument("--volume", action="store_true", help="store the volume (with signed distances)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--splits", type=float, nargs=3, default=[0.8, 0.1, 0.1], metavar=("TRAIN", "VAL", "TEST")
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train/val/test split")
+    parser.add_argument("--runs", type=int, nargs="+", default=None, help="run numbers (default: all)")
+    parser.add_argument("--sdf-backend", choices=("auto", "igl", "warp"), default="auto")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the pipeline; exit code 0 when every run succeeded, 1 when some failed."""
+    import warnings
+
+    from ._preprocess import preprocess
+
+    data_dir = Path(args.data_dir)
+    if not data_dir.is_dir():
+        raise SystemExit(f"meshshard preprocess: DATA_DIR {data_dir} is not a directory")
+    surface = args.surface or not args.volume
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # failures are printed below
+            report = preprocess(
+                data_dir,
+                args.store,
+                parts=args.parts,
+                method=args.method,
+                surface=surface,
+                volume=args.volume,
+                workers=args.workers,
+                splits=args.splits,
+                seed=args.seed,
+                runs=args.runs,
+                sdf_backend=args.sdf_backend,
+                progress=not args.no_progress,
+            )
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        raise SystemExit(f"meshshard preprocess: {err}") from None
+    cells = ", ".join(f"{n:,} {kind} cells" for kind, n in report.cells.items()) or "no new cells"
+    rate = sum(report.cells.values()) / report.seconds if report.seconds > 0 else 0.0
+    print(
+        f"store {report.store}: {len(report.processed)} run(s) processed ({cells}, {rate:,.0f} cells/s), "
+        f"{len(report.skipped)} skipped, {len(report.failed)} failed in {report.seconds:.1f} s"
+    )
+    for run_id, message in report.failed.items():
+        print(f"  run {run_id} failed: {message}")
+    return 0 if report.ok else 1

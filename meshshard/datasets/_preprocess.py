@@ -1,0 +1,444 @@
+"""Preprocess DrivaerML runs into a partitioned store that every rank can slice without talking.
+
+Store layout
+------------
+::
+
+    STORE/
+      meta.json                        format, config, field shapes/units, train statistics,
+                                       splits, per-run sizes of every P, failures
+      runs/run_<i>/
+        run.json                       written last: config, sizes, per-run statistics (count,
+                                       mean, centred sum of squares per component)
+        surface/p<Pmax>/perm.npy       int64 (N,): stored row -> original VTK cell id
+        surface/p<Pmax>/<name>.npy     float32 (N,) or (N, k): pos, normals, areas, pMeanTrim, ...
+        volume/p<Pmax>/...             pos, sdf, UMeanTrim, pMeanTrim, nutMeanTrim, perm
+
+Why this layout
+~~~~~~~~~~~~~~~
+- **One ``.npy`` per array** (not zarr): the format is a fixed header then C-ordered rows, so
+  rank ``r``'s shard ``[offset_r, offset_r + size_r)`` is one contiguous byte range that one
+  ``pread`` fetches (or ``np.load(mmap_mode="r")`` maps); no chunk grid to align with the
+  uneven part sizes, no compression codec to decode whole chunks, no extra dependency. Arrays
+  are stored raw; DrivaerML fields are smooth float32 data that compress poorly anyway.
+- **Nested partitions, one order per divisor chain.** Points are stored in an order in which
+  every requested ``P`` is a contiguous split: ``parts`` is grouped into chains
+  ``P_1 | P_2 | ... | P_k`` (:func:`~meshshard.datasets._store.divisor_chains`), and each part
+  of ``P_{j-1}`` is partitioned again into ``P_j / P_{j-1}`` parts. So ``parts=(1, 2, 4, 8)``
+  stores the data **once** (in ``p8/``) and a rank of a 2-rank job reads the union of two
+  consecutive 8-way parts. Part counts that do not divide each other (e.g. 3 and 4) get one
+  copy per chain: a different ``P`` with a different geometric split needs a different order
+  to stay contiguous, and the alternative (one copy, a permutation per ``P``) turns every
+  rank's read into a gather of scattered rows.
+- **A run folder is the unit of atomicity**: a worker writes ``runs/.tmp-run_<i>-<uuid>/``
+  completely (``run.json`` last) and renames it into place; a crash leaves only a temporary
+  folder (removed on the next run), never a half-written run. A re-run skips every run whose
+  ``run.json`` has the same configuration; ``meta.json`` is rewritten atomically at the end.
+- **Statistics** are computed per run by the worker (count, mean and centred sum of squares in
+  float64 of the stored float32 values) and merged in run order over the *training* runs with
+  Chan's pairwise formula: the result does not depend on the number of workers or on which
+  runs a resumed job skipped, and equals a single pass over all training data to rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import time
+import uuid
+import warnings
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._sdf import resolve_backend, signed_distance
+from ._store import (
+    STORE_FORMAT,
+    FieldStats,
+    atomic_write_json,
+    divisor_chains,
+    nested_partition,
+    replace_dir,
+    split_runs,
+)
+from .drivaerml import FIELD_UNITS, DrivaerML
+
+__all__ = ["preprocess", "PreprocessReport", "load_meta"]
+
+_METHODS = ("rcb", "morton", "hilbert")
+
+
+@dataclass
+class PreprocessReport:
+    """What one call of :func:`preprocess` did."""
+
+    store: Path
+    processed: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    cells: dict[str, int] = field(default_factory=dict)  # cells processed now, per kind
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass(frozen=True)
+class _Task:
+    data_dir: str
+    store_dir: str
+    run: int
+    kinds: tuple[str, ...]
+    fields: dict[str, tuple[str, ...]]
+    chains: tuple[tuple[int, ...], ...]
+    method: str
+    sdf_backend: str
+    chunk_size: int
+    config: dict[str, Any]
+
+
+def load_meta(store: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read ``meta.json`` of a store, checking its format."""
+    path = Path(store) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"store: {path} not found (run meshshard preprocess first)")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != STORE_FORMAT:
+        raise ValueError(f"store: {path} is not a {STORE_FORMAT} store (format {meta.get('format')!r})")
+    return meta
+
+
+def _order_key(chain: Sequence[int]) -> str:
+    return f"p{chain[-1]}"
+
+
+def _process_run(task: _Task) -> tuple[int, str | None, dict[str, int]]:
+    """Read, measure, partition and write one run; never raises (errors are returned)."""
+    runs_dir = Path(task.store_dir) / "runs"
+    tmp = runs_dir / f".tmp-run_{task.run}-{uuid.uuid4().hex}"
+    cells: dict[str, int] = {}
+    try:
+        tmp.mkdir(parents=True)
+        ds = DrivaerML(
+            task.data_dir,
+            runs=[task.run],
+            fields=task.fields,
+            surface="surface" in task.kinds,
+            volume="volume" in task.kinds,
+        )
+        info: dict[str, Any] = {"run": task.run, "config": task.config, "kinds": {}}
+        for kind in task.kinds:
+            raw = ds.read_surface(task.run) if kind == "surface" else ds.read_volume(task.run)
+            if kind == "volume":
+                raw["sdf"] = _sdf_to_stl(ds.stl_path(task.run), raw["pos"], task.sdf_backend, task.chunk_size)
+            arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in raw.items()}
+            num_points = len(arrays["pos"])
+            cells[kind] = num_points
+            kind_info: dict[str, Any] = {
+                "num_points": num_points,
+                "fields": {k: list(v.shape[1:]) for k, v in arrays.items()},
+                "stats": {k: FieldStats.of(v).to_json() for k, v in arrays.items()},
+                "orders": {},
+            }
+            pos = torch.from_numpy(arrays["pos"])
+            for chain in task.chains:
+                perm, sizes = nested_partition(pos, chain, task.method)
+                order_dir = tmp / kind / _order_key(chain)
+                order_dir.mkdir(parents=True)
+                perm_np = perm.numpy()
+                np.save(order_dir / "perm.npy", perm_np)
+                for name, values in arrays.items():
+                    np.save(order_dir / f"{name}.npy", values[perm_np])
+                kind_info["orders"][_order_key(chain)] = {str(p): sizes[p] for p in (1, *chain)}
+            info["kinds"][kind] = kind_info
+        atomic_write_json(tmp / "run.json", info)
+        replace_dir(tmp, runs_dir / f"run_{task.run}")
+        return task.run, None, cells
+    except Exception as err:  # one bad run must not stop the others
+        shutil.rmtree(tmp, ignore_errors=True)
+        return task.run, f"{type(err).__name__}: {err}", {}
+
+
+def _sdf_to_stl(stl_path: Path, points: np.ndarray, backend: str, chunk_size: int) -> np.ndarray:
+    import trimesh
+
+    if not stl_path.is_file():
+        raise FileNotFoundError(f"{stl_path}: file not found (needed for the volume signed distance)")
+    body = trimesh.load(stl_path, force="mesh")  # merges STL's duplicated vertices (pseudonormals)
+    if len(body.faces) == 0:
+        raise ValueError(f"{stl_path}: no triangles (corrupt STL?)")
+    return signed_distance(points, body.vertices, body.faces, backend=backend, chunk_size=chunk_size)
+
+
+def _worker_init(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _read_run_info(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _check_args(
+    parts: Sequence[int], method: str, surface: bool, volume: bool, workers: int, chunk_size: int
+) -> tuple[int, ...]:
+    if isinstance(parts, int):
+        parts = (parts,)
+    if not parts or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) for p in parts):
+        raise TypeError(f"parts must be a non-empty sequence of ints (got {parts!r})")
+    if min(parts) < 1:
+        raise ValueError(f"parts must be positive (got {list(parts)})")
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS} (got {method!r})")
+    if not (surface or volume):
+        raise ValueError("at least one of surface, volume must be True (got both False)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int (got {workers!r})")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive (got {chunk_size})")
+    return tuple(sorted({int(p) for p in parts}))
+
+
+def preprocess(
+    data_dir: str | os.PathLike[str],
+    store_dir: str | os.PathLike[str],
+    parts: Sequence[int] = (1, 2, 4),
+    method: str = "rcb",
+    surface: bool = True,
+    volume: bool = False,
+    workers: int = 2,
+    splits: Sequence[float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+    *,
+    runs: Sequence[int] | None = None,
+    fields: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    sdf_backend: str = "auto",
+    chunk_size: int = 1_000_000,
+    progress: bool = True,
+) -> PreprocessReport:
+    """Read DrivaerML runs, partition them and write a sharded store.
+
+    The store holds ``meta.json`` and ``runs/run_<i>/<kind>/p<P>/<array>.npy`` in partition order;
+    the layout and why it is what it is are in the docstring of
+    :mod:`meshshard.datasets._preprocess`.
+
+    Per run (in parallel over ``workers`` processes): read the surface and/or volume cells
+    (:class:`DrivaerML`), compute the signed distance of volume cell centres to
+    ``drivaer_i.stl`` (``sdf``, positive outside, ``chunk_size`` points at a time), partition the
+    cell centres into every ``P`` of ``parts`` (nested, so each ``P`` is a contiguous split) and
+    write every array in that order. Then merge the per-run statistics over the training runs and
+    write ``meta.json``.
+
+    Parameters
+    ----------
+    data_dir:
+        A DrivaerML-layout folder (``run_i/boundary_i.vtp``, ...).
+    store_dir:
+        Output folder (created). Runs already there with the same configuration are skipped.
+    parts:
+        Part counts ``P`` the store must serve; ``P = 1`` (whole samples) is always served.
+    method:
+        Partitioner of :func:`meshshard.partition.partition`: ``"rcb"``, ``"morton"``, ``"hilbert"``.
+    surface, volume:
+        Which meshes to store.
+    workers:
+        Worker processes (``1``: in this process). Each worker uses ``cpu_count // workers``
+        torch threads.
+    splits:
+        Train/val/test fractions; runs are assigned by a shuffle seeded with ``seed``.
+    seed:
+        Seed of the split.
+    runs:
+        Run numbers to process (default: every ``run_i`` folder).
+    fields:
+        Fields to store, as for :class:`DrivaerML` (default: all DrivaerML fields).
+    sdf_backend:
+        ``"auto"`` (warp if installed, else libigl), ``"igl"`` or ``"warp"``.
+    progress:
+        Show a tqdm progress bar over runs.
+
+    Workers are *spawned* processes (forking a process that already runs torch/OpenMP threads is
+    unsafe), so a script that calls this with ``workers > 1`` needs the usual
+    ``if __name__ == "__main__":`` guard.
+
+    Returns
+    -------
+    PreprocessReport
+        Processed, skipped and failed runs (with the error of each failed run). Failures are
+        also reported as a ``UserWarning``; the other runs and ``meta.json`` are still written.
+    """
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    parts = _check_args(parts, method, surface, volume, workers, chunk_size)
+    sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
+    kinds = tuple(k for k, on in (("surface", surface), ("volume", volume)) if on)
+    source = DrivaerML(data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
+    field_names = {"surface": source.surface_fields, "volume": source.volume_fields}
+    field_names = {k: tuple(v) for k, v in field_names.items() if k in kinds}
+    chains = tuple(tuple(c) for c in divisor_chains(parts))
+    config = {
+        "method": method,
+        "chains": [list(c) for c in chains],
+        "kinds": list(kinds),
+        "fields": field_names,
+    }
+    config = json.loads(json.dumps(config))  # the form it takes in run.json, for comparison
+    split = split_runs(source.runs, splits, seed)
+
+    store = Path(store_dir)
+    runs_dir = store / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    for stale in runs_dir.glob(".tmp-run_*"):  # left by a killed earlier job
+        shutil.rmtree(stale, ignore_errors=True)
+
+    report = PreprocessReport(store=store)
+    todo = []
+    for run in source.runs:
+        info = _read_run_info(runs_dir / f"run_{run}")
+        if info is not None and info.get("config") == config:
+            report.skipped.append(run)
+        else:
+            todo.append(
+                _Task(
+                    str(Path(data_dir).resolve()),
+                    str(store.resolve()),
+                    run,
+                    kinds,
+                    field_names,
+                    chains,
+                    method,
+                    sdf_backend,
+                    chunk_size,
+                    config,
+                )  # fmt: skip
+            )
+
+    bar = tqdm(total=len(todo), desc="preprocess", unit="run", disable=not progress or not todo)
+    results: list[tuple[int, str | None, dict[str, int]]] = []
+    if workers == 1 or len(todo) <= 1:
+        for task in todo:
+            results.append(_process_run(task))
+            bar.update()
+    else:
+        num = min(workers, len(todo))
+        threads = max(1, (os.cpu_count() or 1) // num)
+        context = multiprocessing.get_context("spawn")  # fork is unsafe once torch/OpenMP threads exist
+        with ProcessPoolExecutor(
+            num, mp_context=context, initializer=_worker_init, initargs=(threads,)
+        ) as pool:
+            futures = {pool.submit(_process_run, task): task.run for task in todo}
+            for future in as_completed(futures):
+                try:
+                    results.append(future.result())
+                except BrokenProcessPool as err:  # a worker died (killed for memory, or a bad start)
+                    hint = (
+                        " (a worker process died: out of memory? When calling preprocess from a script,"
+                        " guard it with `if __name__ == '__main__':`, as spawned workers import it again)"
+                    )
+                    results.append((futures[future], f"{type(err).__name__}: {err}{hint}", {}))
+                bar.update()
+    bar.close()
+
+    for run, error, cells in sorted(results, key=lambda r: r[0]):
+        if error is None:
+            report.processed.append(run)
+            for kind, n in cells.items():
+                report.cells[kind] = report.cells.get(kind, 0) + n
+        else:
+            report.failed[run] = error
+
+    _write_meta(store, source, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
+    report.seconds = time.perf_counter() - started
+    if report.failed:
+        lines = "; ".join(f"run {r}: {msg}" for r, msg in report.failed.items())
+        warnings.warn(
+            f"preprocess: {len(report.failed)} run(s) failed and were left out: {lines}", stacklevel=2
+        )
+    return report
+
+
+def _write_meta(
+    store: Path,
+    source: DrivaerML,
+    split: dict[str, list[int]],
+    report: PreprocessReport,
+    config: dict[str, Any],
+    parts: tuple[int, ...],
+    chains: tuple[tuple[int, ...], ...],
+    kinds: tuple[str, ...],
+    seed: int,
+    fractions: Sequence[float],
+    sdf_backend: str,
+) -> None:
+    infos = {}
+    for run in source.runs:
+        info = _read_run_info(store / "runs" / f"run_{run}")
+        if run not in report.failed and info is not None and info.get("config") == config:
+            infos[run] = info
+    order_of = {"1": _order_key(chains[0])}
+    for chain in chains:
+        for p in chain:
+            order_of.setdefault(str(p), _order_key(chain))
+
+    fields: dict[str, dict[str, Any]] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    runs_meta: dict[str, Any] = {}
+    train = [r for r in split["train"] if r in infos]
+    for kind in kinds:
+        shapes = next((info["kinds"][kind]["fields"] for info in infos.values()), {})
+        fields[kind] = {
+            name: {"shape": shape, "dtype": "float32", "units": FIELD_UNITS.get(name, "")}
+            for name, shape in shapes.items()
+        }
+        merged: dict[str, FieldStats] = {}
+        for run in train:  # run order: deterministic whatever the worker count
+            for name, obj in infos[run]["kinds"][kind]["stats"].items():
+                s = FieldStats.from_json(obj)
+                merged[name] = s if name not in merged else merged[name].merge(s)
+        stats[kind] = {
+            name: {"mean": s.mean.tolist(), "std": s.std.tolist(), "count": s.count}
+            for name, s in merged.items()
+        }
+    for run, info in infos.items():
+        runs_meta[str(run)] = {
+            kind: {
+                "num_points": info["kinds"][kind]["num_points"],
+                "sizes": {p: info["kinds"][kind]["orders"][key][p] for p, key in order_of.items()},
+            }
+            for kind in kinds
+        }
+    meta = {
+        "format": STORE_FORMAT,
+        "source": str(source.root.resolve()),
+        "method": config["method"],
+        "parts": list(parts),
+        "kinds": list(kinds),
+        "orders": {_order_key(c): [1, *c] if c[0] != 1 else list(c) for c in chains},
+        "order_of": order_of,
+        "fields": fields,
+        "stats": stats,
+        "stats_over": "train",
+        "splits": {name: [r for r in runs if r in infos] for name, runs in split.items()},
+        "split_fractions": list(fractions),
+        "seed": seed,
+        "sdf_backend": sdf_backend if "volume" in kinds else None,
+        "runs": runs_meta,
+        "failed": {str(r): msg for r, msg in report.failed.items()},
+        "config": config,
+    }
+    atomic_write_json(store / "meta.json", meta)

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshshard.datasets import _store
+from meshshard.datasets._store import (
+    FieldStats,
+    divisor_chains,
+    nested_partition,
+    read_npy_header,
+    read_rows,
+    split_runs,
+)
+from meshshard.datasets.drivaerml_dataset import proportional_counts
+
+
+def test_divisor_chains() -> None:
+    assert divisor_chains([1, 2, 4]) == [[1, 2, 4]]
+    assert divisor_chains([4, 2, 8, 1]) == [[1, 2, 4, 8]]
+    assert divisor_chains([2, 3, 4, 6]) == [[2, 4], [3, 6]]
+    assert divisor_chains([1, 3, 4, 12]) == [[1, 3, 12], [4]]
+    assert divisor_chains([5]) == [[5]]
+
+
+@pytest.mark.parametrize("chain", [[1, 2, 4], [2, 6], [3], [1, 4, 8]])
+def test_nested_partition_is_contiguous_for_every_p(chain: list[int]) -> None:
+    points = torch.rand(301, 3, generator=torch.Generator().manual_seed(0))
+    perm, sizes = nested_partition(points, chain, "rcb")
+    assert sorted(perm.tolist()) == list(range(301))
+    assert sizes[1] == [301]
+    for coarse, fine in zip(chain, chain[1:]):
+        k = fine // coarse
+        merged = [sum(sizes[fine][i * k : (i + 1) * k]) for i in range(coarse)]
+        assert merged == sizes[coarse]  # every coarse part is a union of consecutive fine parts
+    assert all(sum(sizes[p]) == 301 and len(sizes[p]) == p for p in chain)
+
+
+def test_nested_rcb_equals_flat_rcb_for_powers_of_two() -> None:
+    from meshshard.partition import partition
+
+    points = torch.rand(500, 3, generator=torch.Generator().manual_seed(1))
+    perm, sizes = nested_partition(points, [1, 2, 4], "rcb")
+    flat = partition(points, 4, method="rcb")
+    assert sizes[4] == flat.sizes.tolist()
+    offsets = np.cumsum([0, *sizes[4]])
+    for r in range(4):
+        assert set(perm[offsets[r] : offsets[r + 1]].tolist()) == set(flat.shard_indices(r).tolist())
+
+
+def test_split_runs() -> None:
+    s = split_runs([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], (0.8, 0.1, 0.1), seed=0)
+    assert [len(s[k]) for k in ("train", "val", "test")] == [8, 1, 1]
+    assert sorted(s["train"] + s["val"] + s["test"]) == list(range(1, 11))
+    assert split_runs(range(1, 11), (0.8, 0.1, 0.1), seed=0) == s
+    assert split_runs(range(1, 11), (0.8, 0.1, 0.1), seed=1) != s
+    small = split_runs([4, 5, 6], (0.8, 0.1, 0.1), seed=0)
+    assert [len(small[k]) for k in ("train", "val", "test")] == [1, 1, 1]
+    assert split_runs([1, 2], (1.0, 0.0, 0.0), 0) == {"train": [1, 2], "val": [], "test": []}
+    with pytest.raises(
+        ValueError, match=r"splits must be non-negative and sum to 1 \(got \[0.5, 0.1, 0.1\]\)"
+    ):
+        split_runs([1], (0.5, 0.1, 0.1), 0)
+    with pytest.raises(ValueError, match=r"splits must have 3 fractions"):
+        split_runs([1], (1.0,), 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=6), st.integers(0, 400))
+def test_proportional_counts(sizes: list[int], total: int) -> None:
+    counts = proportional_counts(total, sizes)
+    assert sum(counts) == min(total, sum(sizes))
+    assert all(0 <= c <= s for c, s in zip(counts, sizes))
+    if total < sum(sizes):
+        assert all(abs(c - total * s / sum(sizes)) < 1 for c, s in zip(counts, sizes))
+
+
+def test_proportional_counts_hand_made() -> None:
+    assert proportional_counts(5, [10, 10]) == [3, 2]  # tie goes to the lower rank
+    assert proportional_counts(6, [1, 2, 3]) == [1, 2, 3]
+    assert proportional_counts(100, [3, 4]) == [3, 4]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=5), st.integers(1, 3))
+def test_field_stats_merge_equals_one_pass(chunks: list[int], width: int) -> None:
+    rng = np.random.default_rng(sum(chunks))
+    parts = [rng.normal(3.0, 2.0, size=(n, width)).astype(np.float32) for n in chunks]
+    merged = FieldStats.of(parts[0])
+    for p in parts[1:]:
+        merged = merged.merge(FieldStats.of(p))
+    whole = np.concatenate(parts).astype(np.float64)
+    assert merged.count == len(whole)
+    if len(whole):
+        np.testing.assert_allclose(merged.mean, whole.mean(axis=0), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(merged.std, whole.std(axis=0), rtol=1e-10, atol=1e-12)
+    again = FieldStats.from_json(merged.to_json())
+    assert again.count == merged.count and np.array_equal(again.m2, merged.m2)
+
+
+def test_read_rows_reads_only_the_slice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    values = np.arange(60, dtype=np.float32).reshape(20, 3)
+    path = tmp_path / "a.npy"
+    np.save(path, values)
+    header = read_npy_header(path)
+    assert header.shape == (20, 3) and header.row_bytes == 12
+    calls = []
+    real = _store._pread
+
+    def spy(fd: int, nbytes: int, offset: int) -> bytes:
+        calls.append((nbytes, offset))
+        return real(fd, nbytes, offset)
+
+    monkeypatch.setattr(_store, "_pread", spy)
+    rows = read_rows(path, 5, 9)
+    np.testing.assert_array_equal(rows, values[5:9])
+    assert calls == [(4 * 12, header.data_offset + 5 * 12)]
+    assert read_rows(path, 7, 7).shape == (0, 3)
+    with pytest.raises(ValueError, match=r"rows \[3, 21\) out of range"):
+        read_rows(path, 3, 21)
+    np.save(path, values[:2])
+    path.write_bytes(path.read_bytes()[:-4])  # truncated after the header was written
+    with pytest.raises(OSError, match="unexpected end of file"):
+        read_rows(path, 0, 2, header)
