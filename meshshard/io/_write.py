@@ -269,6 +269,7 @@ def write_local_partition(
     ghost_fields: Mapping[str, Any] | None = None,
     ghost_global_ids: Any = None,
     ghost_ranks: Any = None,
+    halo: Any = None,
     rank: int | None = None,
     num_ranks: int | None = None,
     group: Any = None,
@@ -297,6 +298,11 @@ def write_local_partition(
     ghost_points, ghost_fields, ghost_global_ids, ghost_ranks
         ``(N_ghost, 3)`` ghost points with their fields, global ids and owning ranks (e.g. from a
         halo exchange), marked ``vtkGhostType = 1``. Give them on every rank or on none.
+    halo
+        A :class:`~meshshard.halo.HaloPlan` of these points: its ghosts are written (coordinates,
+        global indices, owners, and each field through ``halo.exchange``) instead of the
+        ``ghost_*`` arguments. Its global indices are in partition order, like the default
+        ``global_ids`` of a ShardTensor.
     rank, num_ranks, group
         Default: the ShardTensor's domain group, else the default process group, and this
         process's rank and the size of that group.
@@ -308,7 +314,8 @@ def write_local_partition(
 
     **Communication**: under a process group, two all-reduces of one int32 over ``group`` (every
     piece written? the index written?), plus one ``all_gather_object`` of an int when global ids
-    must be derived from plain tensors.
+    must be derived from plain tensors, plus with ``halo`` one ``halo.exchange`` (an
+    ``all_to_all``) per field.
     """
     spec = _shard_spec(local_points)
     if spec is not None and group is None:
@@ -324,6 +331,14 @@ def write_local_partition(
         )
     if not collective and global_ids is None and spec is None:
         raise ValueError("global_ids is required when no process group is initialised")
+    if halo is not None:
+        if ghost_points is not None:
+            raise ValueError("give either halo or ghost_points, not both")
+        ghost_points, ghost_global_ids = halo.ghost_points, halo.ghost_global_index
+        offsets = torch.as_tensor(halo.offsets, device=ghost_global_ids.device)
+        ghost_ranks = torch.searchsorted(offsets, ghost_global_ids, right=True) - 1
+        # Collective: every rank exchanges every field, before anything can fail locally.
+        ghost_fields = {k: halo.exchange(v)[halo.num_owned:] for k, v in dict(fields or {}).items()}
 
     # From here on, errors are held until every rank has joined the collectives, so one rank's
     # bad input fails all ranks instead of leaving them waiting.

@@ -1,10 +1,12 @@
-"""Distributed writing: each of 3 ranks writes its own piece, rank 0 the index; nothing gathered."""
+"""Distributed writing: each of 3 ranks writes its own piece, rank 0 the index; nothing gathered.
+
+pyvista is imported inside the tests only: the rank workers import this module too.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import pyvista as pv
 import torch
 import torch.distributed as dist
 
@@ -43,6 +45,8 @@ def _write_rank_piece(out: str, radius: float) -> str:
 
 
 def test_three_ranks_write_pieces_that_read_back_exactly(tmp_path):
+    import pyvista as pv
+
     out = tmp_path / "dist.pvtp"
     radius = 0.25
     indices = run_distributed(_write_rank_piece, 3, str(out), radius)
@@ -65,8 +69,9 @@ def test_three_ranks_write_pieces_that_read_back_exactly(tmp_path):
     assert pv.read(out.with_suffix(".vtpd")).n_partitions == 3
 
 
-def _write_shard_tensor_piece(out: str) -> int:
+def _write_shard_tensor_piece(out: str, radius: float | None) -> int:
     import meshshard as ms
+    from meshshard.halo import HaloPlan
 
     points, pressure, part = _global_data()
     mesh = ms.init_mesh()
@@ -75,19 +80,39 @@ def _write_shard_tensor_piece(out: str) -> int:
     ids = part.shard_indices(rank)
     x = ms.ShardTensor.from_local(points[ids], mesh, sizes=sizes)
     p = ms.ShardTensor.from_local(pressure[ids], mesh, sizes=sizes)
-    write_local_partition(x, out, fields={"pressure": p})  # global ids default to partition order
+    halo = None if radius is None else HaloPlan.build(x, radius)
+    write_local_partition(x, out, fields={"pressure": p}, halo=halo)  # ids default to partition order
     return rank
 
 
-def test_shard_tensors_default_to_partition_order_ids(tmp_path):
+@pytest.mark.parametrize("radius", [None, 0.3])
+def test_shard_tensors_default_to_partition_order_ids_and_take_a_halo_plan(tmp_path, radius):
+    import pyvista as pv
+
     out = tmp_path / "st.pvtp"
-    assert run_distributed(_write_shard_tensor_piece, 3, str(out)) == [0, 1, 2]
+    assert run_distributed(_write_shard_tensor_piece, 3, str(out), radius) == [0, 1, 2]
     points, pressure, part = _global_data()
+    ordered, ordered_pressure = part.apply(points).numpy(), part.apply(pressure).numpy()
     mesh = read_partitions(out)
     gids = np.asarray(mesh.point_data["GlobalPointIds"])
-    assert gids.tolist() == list(range(N))
-    np.testing.assert_array_equal(mesh.points, part.apply(points).numpy())
-    assert "vtkGhostType" not in mesh.point_data
+    np.testing.assert_array_equal(mesh.points, ordered[gids])
+    np.testing.assert_array_equal(mesh.point_data["pressure"], ordered_pressure[gids])
+    if radius is None:
+        assert gids.tolist() == list(range(N))
+        assert "vtkGhostType" not in mesh.point_data
+        return
+    owner = np.repeat(np.arange(3), part.sizes.numpy())
+    np.testing.assert_array_equal(mesh.point_data["vtkProcessId"], owner[gids])
+    expected = ghost_items(ordered, owner, radius, 3)
+    for rank in range(3):
+        piece = pv.read(out.with_name(f"st_{rank}.vtp"))
+        if piece.n_points == 0:
+            assert len(expected[rank]) == 0
+            continue
+        ghost = np.asarray(piece.point_data["vtkGhostType"]) == 1
+        got = np.asarray(piece.point_data["GlobalPointIds"])
+        assert sorted(got[ghost].tolist()) == expected[rank].tolist()
+        assert got[~ghost].tolist() == list(range(int(part.offsets[rank]), int(part.offsets[rank + 1])))
 
 
 def _plain_tensors_one_rank_fails(out: str, bad_rank: int) -> int:
