@@ -73,6 +73,7 @@ def rcb(
     num_parts = cum_fractions.numel() - 1
     device = points.device
     dtype = points.dtype
+    work = torch.promote_types(dtype, torch.float32)  # bucket arithmetic; half types cannot count to 1024
     long = dict(dtype=torch.long, device=device)
     total = float(num_points) if weights is None else weights.sum()
     targets = total * cum_fractions
@@ -127,8 +128,10 @@ def rcb(
         buckets = max(1, min(num_buckets, (4 * num_points) // num_nodes))
         scale = torch.where(node_extent > 0, buckets / node_extent, torch.zeros_like(node_extent))
         scale = torch.nan_to_num(scale, nan=0.0, posinf=0.0)  # empty nodes, or an extent that underflows
-        bucket = (x - node_lo.index_select(0, node_of)).mul_(scale.index_select(0, node_of)).floor_()
-        bucket = bucket.clamp_(0, buckets - 1).to(torch.long)
+        bucket = (x.to(work) - node_lo.to(work).index_select(0, node_of)).mul_(
+            scale.to(work).index_select(0, node_of)
+        )
+        bucket = bucket.floor_().to(torch.long).clamp_(0, buckets - 1)
         hist = torch.bincount(node_of * buckets + bucket, weights=weights, minlength=num_nodes * buckets)
         hist = hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)  # inclusive per node
 
