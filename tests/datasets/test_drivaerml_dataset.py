@@ -226,5 +226,6 @@ def test_missing_partition_for_mesh_size(tiny_root: Path, tmp_path: Path) -> Non
     preprocess(tiny_root, tmp_path / "s", parts=(4,), runs=[1], splits=(1, 0, 0), workers=1, progress=False)
     messages = run_distributed(_no_partition_for_p, 2, str(tmp_path / "s"))
     assert messages[0] == (
-        "store has no partition for P=2 (the mesh size); it serves P in [1, 4]: preprocess again with --parts 2"
+        "store has no partition for P=2 (the mesh size); it serves P in [1, 4]: "
+        "preprocess again with --parts 2"
     )
