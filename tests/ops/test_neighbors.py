@@ -110,7 +110,9 @@ def test_grid_kernel_chunks_agree():
     assert len(whole) == 1 and len(parts) > 3
 
     def pairs(chunks):
-        return sorted(zip(torch.cat([c[0] for c in chunks]).tolist(), torch.cat([c[1] for c in chunks]).tolist()))
+        return sorted(
+            zip(torch.cat([c[0] for c in chunks]).tolist(), torch.cat([c[1] for c in chunks]).tolist())
+        )
 
     assert pairs(whole) == pairs(parts)
 
