@@ -77,9 +77,11 @@ class Dataset:
             return self.points
         cells = self.cells
         lengths = np.diff(cells.offsets)
-        sums = np.zeros((len(cells), 3), dtype=np.float64)
-        owner = np.repeat(np.arange(len(cells)), lengths)
-        np.add.at(sums, owner, self.points[cells.connectivity].astype(np.float64))
+        cell_of_entry = np.repeat(np.arange(len(cells)), lengths)
+        corners = self.points[cells.connectivity].astype(np.float64)
+        sums = np.stack(
+            [np.bincount(cell_of_entry, weights=corners[:, d], minlength=len(cells)) for d in range(3)], 1
+        )
         return sums / np.maximum(lengths, 1)[:, None]
 
 

@@ -23,21 +23,48 @@ def ghost_items(centres: np.ndarray, owner: np.ndarray, radius: float, num_parts
     """For every part, the sorted ids of items owned elsewhere within ``radius`` of one of its items.
 
     Distances are Euclidean and the ball is closed (``<= radius``), as in ``scipy.spatial.cKDTree``.
-    One ``query_pairs`` over all items finds every close pair once; a pair across two parts makes
-    each item a ghost of the other's part.
+    Only items within ``radius`` of another part's bounding box can be in a cross-part pair, so
+    those candidates are kept first (a thin shell for compact parts); one ``query_pairs`` over the
+    candidates then finds every close pair once, and a pair across two parts makes each item a
+    ghost of the other's part.
 
     **Shapes**: ``centres`` (N, 3); ``owner`` (N,) part of each item; returns ``num_parts`` arrays.
     """
     from scipy.spatial import cKDTree
 
     n = centres.shape[0]
+    empty = [np.zeros(0, dtype=np.int64) for _ in range(num_parts)]
     if n == 0:
-        return [np.zeros(0, dtype=np.int64) for _ in range(num_parts)]
-    pairs = cKDTree(centres).query_pairs(radius, output_type="ndarray").astype(np.int64)
-    i, j = pairs[:, 0], pairs[:, 1]
+        return empty
+    candidates = np.flatnonzero(_near_other_box(centres, owner, radius, num_parts))
+    if len(candidates) < 2:
+        return empty
+    pairs = cKDTree(centres[candidates]).query_pairs(radius, output_type="ndarray").astype(np.int64)
+    i, j = candidates[pairs[:, 0]], candidates[pairs[:, 1]]
     cross = owner[i] != owner[j]
     i, j = i[cross], j[cross]
     keys = np.unique(np.concatenate([owner[i] * n + j, owner[j] * n + i]))
     parts, items = keys // n, keys % n
     bounds = np.searchsorted(parts, np.arange(num_parts + 1))
     return [items[bounds[r]:bounds[r + 1]] for r in range(num_parts)]
+
+
+def _near_other_box(centres: np.ndarray, owner: np.ndarray, radius: float, num_parts: int) -> np.ndarray:
+    """(N,) bool: is the item within ``radius`` of the bounding box of a part other than its own?"""
+    lo = np.full((num_parts, 3), np.inf)
+    hi = np.full((num_parts, 3), -np.inf)
+    np.minimum.at(lo, owner, centres)
+    np.maximum.at(hi, owner, centres)
+    # Widen by the radius (plus rounding slack) and test containment: a superset of "within r".
+    slack = radius * (1 + 1e-9) + 1e-12 * (float(np.abs(centres).max()) + 1.0)
+    lo, hi = lo - slack, hi + slack
+    near = np.zeros(len(centres), dtype=bool)
+    block = max(1, 2**24 // max(len(centres), 1))  # bound the (N, block) temporaries
+    for start in range(0, num_parts, block):
+        box = slice(start, min(start + block, num_parts))
+        points = centres[:, None, :]
+        inside = np.all((points >= lo[None, box]) & (points <= hi[None, box]), axis=2)
+        rows = np.flatnonzero((owner >= box.start) & (owner < box.stop))
+        inside[rows, owner[rows] - start] = False  # its own box does not count
+        near |= inside.any(axis=1)
+    return near

@@ -136,20 +136,34 @@ def to_vtk(piece: Piece):
     return out
 
 
-def _writer(kind: str):
+COMPRESSORS = (None, "zlib", "lz4", "lzma")
+
+
+def check_compression(compression: object) -> str | None:
+    """``compression`` if VTK's XML writers know it, else a ValueError naming the choices."""
+    if compression not in COMPRESSORS:
+        raise ValueError(f"compression must be one of {list(COMPRESSORS)} (got {compression!r})")
+    return compression  # type: ignore[return-value]
+
+
+def _writer(kind: str, compression: str | None):
     from vtkmodules.vtkIOXML import vtkXMLPolyDataWriter, vtkXMLUnstructuredGridWriter
 
     writer = vtkXMLPolyDataWriter() if kind == "poly" else vtkXMLUnstructuredGridWriter()
     writer.SetDataModeToAppended()
     writer.EncodeAppendedDataOff()  # raw bytes: exact, and no base64 cost
-    writer.SetCompressorTypeToNone()
+    if compression is None:
+        writer.SetCompressorTypeToNone()
+    else:
+        {"zlib": writer.SetCompressorTypeToZLib, "lz4": writer.SetCompressorTypeToLZ4,
+         "lzma": writer.SetCompressorTypeToLZMA}[compression]()
     writer.SetHeaderTypeToUInt64()
     return writer
 
 
-def write_piece(piece: Piece, path: Path) -> None:
+def write_piece(piece: Piece, path: Path, compression: str | None = None) -> None:
     """Write ``piece`` to ``path`` (any name; the caller renames it into place)."""
-    writer = _writer(piece.kind)
+    writer = _writer(piece.kind, compression)
     writer.SetInputData(to_vtk(piece))
     writer.SetFileName(str(path))
     if writer.Write() != 1:

@@ -19,6 +19,7 @@ from ._vtk import (
     Piece,
     Schema,
     atomic_target,
+    check_compression,
     read_schema,
     schema_of,
     temp_name,
@@ -141,6 +142,8 @@ def write_partitions(
     path: PathLike,
     fields: Any = None,
     ghost_radius: float | None = None,
+    *,
+    compression: str | None = None,
 ) -> Path:
     """Write one VTK piece per rank and the parallel index ParaView opens.
 
@@ -173,6 +176,9 @@ def write_partitions(
         Append to each piece the items owned by other ranks within this distance of one of its
         items (points of a cloud, cell centres of a mesh; closed ball), marked ``vtkGhostType = 1``
         (DUPLICATEPOINT on points, DUPLICATECELL on cells); their ``vtkProcessId`` is their owner.
+    compression
+        ``None`` (raw binary, fastest), ``"zlib"``, ``"lz4"`` or ``"lzma"``: VTK's compressors,
+        which ParaView and pyvista read transparently.
 
     Returns
     -------
@@ -194,16 +200,17 @@ def write_partitions(
     ds = as_dataset(data, fields)
     perm, sizes = partition_sizes_and_perm(partition, ds)
     radius = None if ghost_radius is None else check_radius(ghost_radius)
+    compression = check_compression(compression)
     index = _index_path(path, ds.kind)
     owner = np.empty(ds.num_items, dtype=np.int64)
     owner[perm] = np.repeat(np.arange(len(sizes)), sizes)
     ghosts = None if radius is None else ghost_items(ds.centres(), owner, radius, len(sizes))
     make = _cloud_pieces if ds.cells is None else _mesh_pieces
-    _write_all(index, make(ds, perm, sizes, owner, ghosts))
+    _write_all(index, make(ds, perm, sizes, owner, ghosts), compression)
     return index
 
 
-def _write_all(index: Path, pieces: Iterator[Piece]) -> None:
+def _write_all(index: Path, pieces: Iterator[Piece], compression: str | None) -> None:
     """Write every piece to a temporary name, rename them all, then write the index."""
     _remove_index(index)
     written: list[tuple[Path, Path]] = []
@@ -214,7 +221,7 @@ def _write_all(index: Path, pieces: Iterator[Piece]) -> None:
             target = _piece_path(index, rank)
             tmp = temp_name(target)
             written.append((tmp, target))
-            write_piece(piece, tmp)
+            write_piece(piece, tmp, compression)
         for tmp, target in written:
             os.replace(tmp, target)
     finally:
@@ -270,6 +277,7 @@ def write_local_partition(
     ghost_global_ids: Any = None,
     ghost_ranks: Any = None,
     halo: Any = None,
+    compression: str | None = None,
     rank: int | None = None,
     num_ranks: int | None = None,
     group: Any = None,
@@ -303,6 +311,8 @@ def write_local_partition(
         global indices, owners, and each field through ``halo.exchange``) instead of the
         ``ghost_*`` arguments. Its global indices are in partition order, like the default
         ``global_ids`` of a ShardTensor.
+    compression
+        As for :func:`write_partitions`.
     rank, num_ranks, group
         Default: the ShardTensor's domain group, else the default process group, and this
         process's rank and the size of that group.
@@ -348,6 +358,7 @@ def write_local_partition(
         index = _index_path(path, "points")
         if index.suffix != ".pvtp":
             raise ValueError(f"a distributed point cloud is written as .pvtp (got {str(index)!r})")
+        compression = check_compression(compression)
         if collective and rank == 0:
             _remove_index(index)
         points = as_dataset(local_points).points
@@ -367,7 +378,7 @@ def write_local_partition(
         try:
             piece = _local_piece(points, rank, fields, global_ids, ghost_points, ghost_fields,
                                  ghost_global_ids, ghost_ranks)
-            atomic_target(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp))
+            atomic_target(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp, compression))
         except Exception as exc:
             error = exc
     if not collective:

@@ -89,6 +89,20 @@ def test_numpy_float64_and_folder_path(tmp_path):
     np.testing.assert_array_equal(mesh.points, points)
 
 
+@pytest.mark.parametrize("compression", ["zlib", "lz4"])
+def test_compressed_pieces_read_back_exactly_and_are_smaller(tmp_path, compression):
+    points = np.repeat(np.random.default_rng(0).random((50, 3)), 20, axis=0)  # compressible
+    part = Partition.from_owner(torch.arange(1000) % 2, 2)
+    raw = write_partitions(points, part, tmp_path / "raw.pvtp")
+    packed = write_partitions(points, part, tmp_path / "packed.pvtp", compression=compression)
+    assert packed.with_name("packed_0.vtp").stat().st_size < raw.with_name("raw_0.vtp").stat().st_size
+    mesh = read_partitions(packed)
+    np.testing.assert_array_equal(mesh.points, points[np.asarray(mesh.point_data["GlobalPointIds"])])
+    expected = "compression must be one of [None, 'zlib', 'lz4', 'lzma'] (got 'gzip')"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        write_partitions(points, part, tmp_path / "x.pvtp", compression="gzip")
+
+
 def test_cloud_ghosts_are_exact_and_marked(tmp_path, cloud):
     part = slab_partition(cloud.numpy(), 3)
     radius = 0.2
@@ -267,12 +281,12 @@ def test_failed_write_leaves_no_index_and_no_temporaries(tmp_path, cloud, monkey
     assert index.exists()
     real, calls = write_module.write_piece, []
 
-    def fail_on_second(piece, path):
+    def fail_on_second(piece, path, compression=None):
         calls.append(path)
         if len(calls) == 2:
             path.write_bytes(b"half a piece")
             raise OSError("disk full")
-        real(piece, path)
+        real(piece, path, compression)
 
     monkeypatch.setattr(write_module, "write_piece", fail_on_second)
     with pytest.raises(OSError, match="disk full"):
