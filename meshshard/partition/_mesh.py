@@ -67,14 +67,15 @@ def _connectivity(mesh: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None
         raise ImportError("partition_mesh needs pyvista for VTK datasets: pip install pyvista") from exc
     if not isinstance(mesh, pv.DataSet):
         try:
-            mesh = pv.wrap(mesh)
+            wrapped = pv.wrap(mesh)
         except (NotImplementedError, TypeError):
-            mesh = None
-        if not isinstance(mesh, pv.DataSet):
+            wrapped = None
+        if not isinstance(wrapped, pv.DataSet):
             raise TypeError(
                 "mesh must be a pyvista/VTK dataset, a torch_geometric Data (pos, optional face) or a "
                 f"trimesh.Trimesh (got {type(mesh).__name__})"
             )
+        mesh = wrapped
     pos = as_points(np.asarray(mesh.points), "mesh.points").numpy()
     if mesh.n_cells == 0:
         return None
