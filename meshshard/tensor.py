@@ -184,7 +184,9 @@ class ShardTensor(torch.Tensor):
         if local.dim() == 0:
             raise ValueError("local must have at least one dimension to shard (got a 0-d tensor)")
         if not -local.dim() <= dim < local.dim():
-            raise ValueError(f"dim must be in [-{local.dim()}, {local.dim()}) for a {local.dim()}-d local tensor (got {dim})")
+            raise ValueError(
+                f"dim must be in [-{local.dim()}, {local.dim()}) for a {local.dim()}-d local tensor (got {dim})"
+            )
         dim %= local.dim()
         mdim = _norm_mesh_dim(mesh, mesh_dim)
         group, rank = _cached(mesh, mdim)

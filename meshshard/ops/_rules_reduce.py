@@ -263,8 +263,8 @@ def _max(func, args, kwargs):
     if n:
         picked = local.gather(d, (gi - spec.offsets[spec.rank]).clamp(0, n - 1))
         picked = torch.where(mine, picked, torch.zeros_like(picked))
-    else:
-        picked = torch.zeros(gi.shape, dtype=local.dtype, device=local.device)
+    else:  # an empty shard: zeros that stay in the graph, so every rank joins the backward all-reduce
+        picked = local.sum(dim=d, keepdim=True)
     values = comm.all_reduce(picked, spec.group)
     if not keepdim:
         values, gi = values.squeeze(d), gi.squeeze(d)

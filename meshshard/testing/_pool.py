@@ -202,9 +202,28 @@ class WorkerPool:
                     failures[rank] = RankFailure(
                         rank, "timeout", "no answer before the deadline (hung, or waiting on a failed rank)"
                     )
-            self.close()
+            if not self._still_consistent(failures, pending):
+                self.close()
             raise DistributedError([failures[r] for r in sorted(failures)], what=getattr(fn, "__name__", "call"))
         return [results[r] for r in range(self.world_size)]
+
+    @staticmethod
+    def _still_consistent(failures: dict[int, RankFailure], pending: dict) -> bool:
+        """Whether the process group survived a failed call, so the pool can be kept.
+
+        Every rank answered, and none failed inside the communication backend: then every
+        collective any rank issued completed on all ranks (an unmatched one would have left its
+        rank blocked, or failed with a backend timeout), and the group is in step. Anything else
+        (a hang, a death, a backend error) rebuilds the pool.
+        """
+        if pending:
+            return False
+        markers = ("timed out", "timeout", "gloo", "nccl", "connection", "process group", "processgroup")
+        for f in failures.values():
+            text = (f.message + f.traceback).lower()
+            if f.kind != "exception" or any(m in text for m in markers):
+                return False
+        return True
 
     def close(self) -> None:
         """Stop every worker (politely, then by force) and remove the rendezvous directory."""
