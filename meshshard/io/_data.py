@@ -206,6 +206,10 @@ def _from_mesh(mesh: Any, fields: Any) -> Dataset:
     import pyvista as pv
 
     mesh = pv.wrap(mesh)
+    if not isinstance(mesh, pv.DataSet):
+        raise TypeError(
+            f"data must be a single pyvista/VTK dataset (got {type(mesh).__name__}; combine blocks first)"
+        )
     if not isinstance(mesh, pv.PolyData | pv.UnstructuredGrid):
         mesh = mesh.cast_to_unstructured_grid()
     points = _as_points(np.asarray(mesh.points), "data.points")
@@ -274,11 +278,11 @@ def as_dataset(data: Any, fields: Any = None, arrays: bool = True) -> Dataset:
         arrays = {k: data[k] for k in data.node_attrs() if k != "pos"}
         return _from_cloud(points, arrays, fields)
     module = type(data).__module__
-    if module.startswith(("pyvista", "vtkmodules", "vtk")):
+    if module.startswith(("pyvista", "vtkmodules", "vtk", "trimesh")):
         return _from_mesh(data, fields)
     raise TypeError(
-        "data must be an (N, 3) tensor/array, a pyvista/VTK dataset, a torch_geometric Data or a "
-        f"sample dict with 'pos' (got {type(data).__name__})"
+        "data must be an (N, 3) tensor/array, a pyvista/VTK dataset, a trimesh, a torch_geometric "
+        f"Data or a sample dict with 'pos' (got {type(data).__name__})"
     )
 
 

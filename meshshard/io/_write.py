@@ -477,6 +477,15 @@ def read_partitions(path: PathLike) -> Any:
         return pv.read(path)
     else:
         raise ValueError(f"path must end with .pvtp, .pvtu or .vtpd (got {str(path)!r})")
+    import xml.etree.ElementTree as ET
+
+    try:
+        sources = [piece.get("Source") for piece in ET.parse(path).getroot().iter("Piece")]
+    except ET.ParseError as exc:
+        raise ValueError(f"{str(path)!r} is not a valid VTK XML index: {exc}") from None
+    missing = [s for s in sources if not s or not (path.parent / s).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path.name} references missing pieces {missing}")
     reader = Reader()
     reader.SetFileName(str(path))
     reader.Update()

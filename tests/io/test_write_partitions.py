@@ -350,6 +350,26 @@ def test_mesh_partition_from_the_partitioner_and_point_partitions_of_meshes(tmp_
         write_partitions(sphere, by_points, tmp_path / "p.pvtp")
 
 
+def test_trimesh_is_a_surface_mesh_and_multiblocks_are_refused(tmp_path, sphere):
+    import trimesh
+
+    tri = trimesh.Trimesh(np.asarray(sphere.points), sphere.faces.reshape(-1, 4)[:, 1:], process=False)
+    part = slab_partition(np.asarray(tri.triangles_center), 2)
+    back = read_partitions(write_partitions(tri, part, tmp_path / "t.pvtp"))
+    assert sorted(np.asarray(back.cell_data["GlobalCellIds"]).tolist()) == list(range(len(tri.faces)))
+    with pytest.raises(TypeError, match=r"data must be a single pyvista/VTK dataset \(got MultiBlock"):
+        write_partitions(pv.MultiBlock([sphere]), part, tmp_path / "m.pvtp")
+
+
+def test_read_partitions_reports_missing_pieces(tmp_path, cloud):
+    index = write_partitions(cloud, Partition.from_owner(torch.arange(40) % 2, 2), tmp_path / "r.pvtp")
+    index.with_name("r_1.vtp").unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape("r.pvtp references missing pieces ['r_1.vtp']")):
+        read_partitions(index)
+    with pytest.raises(ValueError, match=re.escape("path must end with .pvtp, .pvtu or .vtpd")):
+        read_partitions(index.with_name("r_0.vtp"))
+
+
 def test_partition_must_be_a_partition(tmp_path, cloud):
     with pytest.raises(TypeError, match=r"partition must be a meshshard Partition .*\(got Tensor\)"):
         write_partitions(cloud, torch.zeros(40), tmp_path / "p.pvtp")
