@@ -30,9 +30,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--surface", action="store_true", help="store the surface (default if no kind given)")
     parser.add_argument("--volume", action="store_true", help="store the volume (with signed distances)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument(
-        "--splits", type=float, nargs=3, default=[0.8, 0.1, 0.1], metavar=("TRAIN", "VAL", "TEST")
-    )
+    parser.add_argument("--splits", type=float, nargs=3, default=[0.8, 0.1, 0.1], metavar=("TRAIN", "VAL", "TEST"))
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val/test split")
     parser.add_argument("--runs", type=int, nargs="+", default=None, help="run numbers (default: all)")
     parser.add_argument("--sdf-backend", choices=("auto", "igl", "warp"), default="auto")

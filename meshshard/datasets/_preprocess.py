@@ -338,9 +338,7 @@ def preprocess(
         num = min(workers, len(todo))
         threads = max(1, (os.cpu_count() or 1) // num)
         context = multiprocessing.get_context("spawn")  # fork is unsafe once torch/OpenMP threads exist
-        with ProcessPoolExecutor(
-            num, mp_context=context, initializer=_worker_init, initargs=(threads,)
-        ) as pool:
+        with ProcessPoolExecutor(num, mp_context=context, initializer=_worker_init, initargs=(threads,)) as pool:
             futures = {pool.submit(_process_run, task): task.run for task in todo}
             for future in as_completed(futures):
                 try:
@@ -366,9 +364,7 @@ def preprocess(
     report.seconds = time.perf_counter() - started
     if report.failed:
         lines = "; ".join(f"run {r}: {msg}" for r, msg in report.failed.items())
-        warnings.warn(
-            f"preprocess: {len(report.failed)} run(s) failed and were left out: {lines}", stacklevel=2
-        )
+        warnings.warn(f"preprocess: {len(report.failed)} run(s) failed and were left out: {lines}", stacklevel=2)
     return report
 
 
@@ -411,8 +407,7 @@ def _write_meta(
                 s = FieldStats.from_json(obj)
                 merged[name] = s if name not in merged else merged[name].merge(s)
         stats[kind] = {
-            name: {"mean": s.mean.tolist(), "std": s.std.tolist(), "count": s.count}
-            for name, s in merged.items()
+            name: {"mean": s.mean.tolist(), "std": s.std.tolist(), "count": s.count} for name, s in merged.items()
         }
     for run, info in infos.items():
         runs_meta[str(run)] = {

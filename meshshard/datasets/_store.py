@@ -150,31 +150,45 @@ def nested_partition(
 ) -> tuple[torch.Tensor, dict[int, list[int]]]:
     """One order in which every ``P`` in ``chain`` is a contiguous split of the points.
 
-    Level by level, each part of ``chain[k-1]`` is partitioned into ``chain[k] / chain[k-1]``
-    sub-parts with :func:`meshshard.partition.partition`, so the parts of a coarser ``P`` are
-    unions of consecutive finer parts. For RCB with powers of two this equals the flat RCB
-    partition (RCB is recursive bisection).
+    Two ways, same guarantee (every coarser part is the union of consecutive finer parts):
+
+    - **flat**, one call of :func:`meshshard.partition.partition` with ``P_max = chain[-1]``,
+      coarser parts merging consecutive blocks of ``P_max / P`` parts. Used for the curve methods
+      (consecutive curve chunks are the coarser curve partition) and for RCB when every ``P`` is a
+      power of two (RCB halves the part count at each level, so its level-``l`` nodes are the
+      ``2^l`` parts of a ``2^l``-part RCB; cuts may differ by one point when ``N`` does not divide
+      evenly, as RCB aims at global cumulative targets);
+    - **nested**, otherwise (e.g. RCB with ``(3, 6)``): level by level, each part of ``chain[k-1]``
+      is partitioned again into ``chain[k] / chain[k-1]`` parts, so coarse parts stay compact.
 
     **Shapes**: ``points`` (N, 3) -> ``perm`` (N,) (new order -> original index), and the sizes
-    ``{P: [size_0, ..., size_{P-1}]}``.
+    ``{P: [size_0, ..., size_{P-1}]}`` for ``P`` in ``(1, *chain)``.
     """
     from meshshard.partition import partition
 
     num_points = points.shape[0]
-    perm = torch.arange(num_points)
     sizes: dict[int, list[int]] = {1: [num_points]}
+    levels = [p for p in chain if p > 1]
+    if not levels:
+        return torch.arange(num_points), sizes
+    if method != "rcb" or all(p & (p - 1) == 0 for p in levels):
+        part = partition(points, levels[-1], method=method)
+        fine = [int(s) for s in part.sizes]
+        for p in levels:
+            k = levels[-1] // p
+            sizes[p] = [sum(fine[i * k : (i + 1) * k]) for i in range(p)]
+        return part.perm, sizes
+
+    perm = torch.arange(num_points)
     current = [num_points]
     prev = 1
-    for p in chain:
-        if p == 1:
-            continue
-        factor = p // prev
+    for p in levels:
         new_perm = torch.empty_like(perm)
         new_sizes: list[int] = []
         start = 0
         for size in current:
             block = perm[start : start + size]
-            part = partition(points[block], factor, method=method)
+            part = partition(points[block], p // prev, method=method)
             new_perm[start : start + size] = block[part.perm]
             new_sizes.extend(int(s) for s in part.sizes)
             start += size

@@ -120,16 +120,12 @@ def _read(path: Path, fields: Sequence[str], components: dict[str, int], shown: 
         )
     if data is None or num_cells == 0 or data.GetPoints() is None:
         hint = f" VTK said: {messages[:400]}" if messages else ""
-        raise DatasetError(
-            f"{shown}: could not be read as VTK XML or holds no cells (corrupt or truncated?).{hint}"
-        )
+        raise DatasetError(f"{shown}: could not be read as VTK XML or holds no cells (corrupt or truncated?).{hint}")
 
     for name in fields:
         if name not in available:
             point_names = reader.GetPointDataArraySelection()
-            as_points = any(
-                point_names.GetArrayName(i) == name for i in range(point_names.GetNumberOfArrays())
-            )
+            as_points = any(point_names.GetArrayName(i) == name for i in range(point_names.GetNumberOfArrays()))
             where = " (it is stored as point data; DrivaerML fields are cell data)" if as_points else ""
             raise DatasetError(
                 f"{shown}: cell field {name!r} not found{where}; available cell fields: {sorted(available)}"
@@ -154,8 +150,7 @@ def _read(path: Path, fields: Sequence[str], components: dict[str, int], shown: 
             found = "no array" if array is None else f"{array.GetNumberOfTuples()} values"
             hint = f" VTK said: {messages[:400]}" if messages else ""
             raise DatasetError(
-                f"{shown}: cell field {name!r} has the wrong length "
-                f"(expected {num_cells} cells, got {found}).{hint}"
+                f"{shown}: cell field {name!r} has the wrong length (expected {num_cells} cells, got {found}).{hint}"
             )
         values = vtk_to_numpy(array)
         got = 1 if values.ndim == 1 else values.shape[1]

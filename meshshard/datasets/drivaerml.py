@@ -49,9 +49,7 @@ def read_csv_row(path: str | os.PathLike[str]) -> dict[str, float]:
     path = Path(path)
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     if len(lines) < 2:
-        raise DatasetError(
-            f"{path}: expected a header row and a value row (got {len(lines)} non-empty lines)"
-        )
+        raise DatasetError(f"{path}: expected a header row and a value row (got {len(lines)} non-empty lines)")
     names = [n.strip() for n in lines[0].split(",")]
     try:
         values = [float(v) for v in lines[1].split(",")]
@@ -73,9 +71,7 @@ def _select_fields(
             raise ValueError(f"fields keys must be 'surface' or 'volume' (got {sorted(unknown)})")
         chosen = fields.get(kind, default)
     elif isinstance(fields, str):
-        raise TypeError(
-            "fields must be a sequence of names or a dict {'surface': [...], 'volume': [...]} (got str)"
-        )
+        raise TypeError("fields must be a sequence of names or a dict {'surface': [...], 'volume': [...]} (got str)")
     else:
         chosen = fields
     return tuple(chosen)
@@ -134,9 +130,7 @@ class DrivaerML:
             raise FileNotFoundError(f"root: {self.root} is not a directory")
         if not (surface or volume):
             raise ValueError("at least one of surface, volume must be True (got both False)")
-        found = sorted(
-            int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := _RUN_DIR.match(p.name))
-        )
+        found = sorted(int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := _RUN_DIR.match(p.name)))
         if runs is None:
             if not found:
                 raise FileNotFoundError(f"root: no run_<i> folders in {self.root}")

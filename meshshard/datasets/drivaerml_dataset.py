@@ -249,9 +249,7 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
         if self.mesh is not None:
             from meshshard.tensor import ShardTensor
 
-            tensors = {
-                k: ShardTensor.from_local(v, self.mesh, sizes=out_sizes, dim=0) for k, v in tensors.items()
-            }
+            tensors = {k: ShardTensor.from_local(v, self.mesh, sizes=out_sizes, dim=0) for k, v in tensors.items()}
         if self.as_pyg:
             from torch_geometric.data import Data
 

@@ -156,9 +156,7 @@ def car_surface(params: CarParameters, num_faces: int) -> tuple[np.ndarray, np.n
     k = np.arange(n_rings - 1)[:, None]
     v00, v01 = 1 + k * n_around + j, 1 + k * n_around + jn
     v10, v11 = v00 + n_around, v01 + n_around
-    band = np.concatenate(
-        [np.stack([v00, v01, v11], -1).reshape(-1, 3), np.stack([v00, v11, v10], -1).reshape(-1, 3)]
-    )
+    band = np.concatenate([np.stack([v00, v01, v11], -1).reshape(-1, 3), np.stack([v00, v11, v10], -1).reshape(-1, 3)])
     front = np.stack([np.zeros_like(j), 1 + jn, 1 + j], axis=1)
     rear_ring = 1 + (n_rings - 1) * n_around
     rear = np.stack([np.full_like(j, last), rear_ring + j, rear_ring + jn], axis=1)
@@ -265,14 +263,10 @@ def _axis_integral(lo: float, hi: float, fine_lo: float, fine_hi: float) -> floa
 
 # Kuhn's decomposition of a hexahedron into 6 tetrahedra along its main diagonal (corner bits
 # are (dx, dy, dz)); every hex uses the same diagonal direction, so neighbouring tets conform.
-_KUHN = np.array(
-    [[0, 4, 6, 7], [0, 4, 5, 7], [0, 2, 6, 7], [0, 2, 3, 7], [0, 1, 5, 7], [0, 1, 3, 7]], dtype=np.int64
-)
+_KUHN = np.array([[0, 4, 6, 7], [0, 4, 5, 7], [0, 2, 6, 7], [0, 2, 3, 7], [0, 1, 5, 7], [0, 1, 3, 7]], dtype=np.int64)
 
 
-def _volume_mesh(
-    params: CarParameters, num_cells: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def _volume_mesh(params: CarParameters, num_cells: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Tetrahedra outside the body in a box above the ground; returns points (V, 3), tets (T, 4)."""
     length, width, height = params.length, params.width, params.height
     boxes = [
@@ -300,9 +294,7 @@ def _volume_mesh(
     nx, ny, nz = (len(v) for v in nodes)
     points = np.stack(np.meshgrid(*nodes, indexing="ij"), -1).reshape(-1, 3)
     # Jitter interior nodes by up to 8% of the local spacing: an irregular, still valid mesh.
-    spacing = [
-        np.minimum(np.diff(v, prepend=v[1] - v[0]), np.diff(v, append=2 * v[-1] - v[-2])) for v in nodes
-    ]
+    spacing = [np.minimum(np.diff(v, prepend=v[1] - v[0]), np.diff(v, append=2 * v[-1] - v[-2])) for v in nodes]
     local = np.stack(np.meshgrid(*spacing, indexing="ij"), -1).reshape(-1, 3)
     interior = [np.r_[False, np.ones(len(v) - 2, dtype=bool), False] for v in nodes]
     inner = np.stack(np.meshgrid(*interior, indexing="ij"), -1).reshape(-1, 3)

@@ -33,8 +33,6 @@ def tiny_store(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     from meshshard.datasets import preprocess
 
     store = tmp_path_factory.mktemp("store")
-    report = preprocess(
-        tiny_root, store, parts=(1, 2, 3, 4), volume=True, workers=1, sdf_backend="igl", progress=False
-    )
+    report = preprocess(tiny_root, store, parts=(1, 2, 3, 4), volume=True, workers=1, sdf_backend="igl", progress=False)
     assert report.ok and report.processed == [1, 2, 3]
     return store

@@ -39,9 +39,7 @@ def test_round_trip_against_pyvista(tiny_root: Path) -> None:
     normals = mesh.compute_normals(cell_normals=True, point_normals=False, auto_orient_normals=False)
     np.testing.assert_allclose(s["normals"].numpy(), normals.cell_data["Normals"], atol=1e-4)
     np.testing.assert_array_equal(s["pMeanTrim"].numpy(), mesh.cell_data["pMeanTrim"])
-    np.testing.assert_array_equal(
-        s["wallShearStressMeanTrim"].numpy(), mesh.cell_data["wallShearStressMeanTrim"]
-    )
+    np.testing.assert_array_equal(s["wallShearStressMeanTrim"].numpy(), mesh.cell_data["wallShearStressMeanTrim"])
     # Outward normals: the divergence theorem gives the enclosed volume (positive).
     assert (s["pos"] * s["normals"]).sum(dim=1).mul(s["areas"]).sum() / 3 > 0
 
@@ -74,9 +72,7 @@ def test_hand_made_polygons(tmp_path: Path) -> None:
 
 
 def test_selection_of_runs_and_fields(tiny_root: Path) -> None:
-    ds = DrivaerML(
-        tiny_root, runs=[3, 1], fields={"surface": ["CpMeanTrim"], "volume": ["UMeanTrim"]}, volume=True
-    )
+    ds = DrivaerML(tiny_root, runs=[3, 1], fields={"surface": ["CpMeanTrim"], "volume": ["UMeanTrim"]}, volume=True)
     assert ds.runs == [3, 1]
     s = ds[0]
     assert s["run"] == 3
@@ -102,9 +98,7 @@ def test_missing_things(broken_root: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no run_<i> folders"):
         DrivaerML(broken_root / "run_1")
     (broken_root / "run_1" / "volume_1.vtu").unlink()
-    with pytest.raises(
-        FileNotFoundError, match=r"volume_1\.vtu: file not found \(and no volume_1\.vtu\.NN\.part"
-    ):
+    with pytest.raises(FileNotFoundError, match=r"volume_1\.vtu: file not found \(and no volume_1\.vtu\.NN\.part"):
         DrivaerML(broken_root, surface=False, volume=True)[0]
     (broken_root / "run_1" / "boundary_1.vtp").unlink()
     with pytest.raises(FileNotFoundError, match=r"run_1/boundary_1\.vtp: file not found"):
@@ -176,9 +170,7 @@ def test_corrupt_file(broken_root: Path, damage: str) -> None:
     path = broken_root / "run_1" / "boundary_1.vtp"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"not a vtk file" * 10)
-    with pytest.raises(
-        DatasetError, match=r"boundary_1\.vtp: could not be read as VTK XML .*corrupt or truncated"
-    ):
+    with pytest.raises(DatasetError, match=r"boundary_1\.vtp: could not be read as VTK XML .*corrupt or truncated"):
         DrivaerML(broken_root)[0]
 
 

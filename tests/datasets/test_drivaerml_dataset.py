@@ -53,13 +53,9 @@ def test_splits_kinds_and_fields(tiny_store: Path) -> None:
     assert train.runs == meta["splits"]["train"]
     vol = DrivaerMLDataset(tiny_store, split="all", kind="volume", fields=["sdf"], mesh=None)
     assert set(vol[0]) == {"run", "pos", "sdf"}
-    with pytest.raises(
-        ValueError, match=r"split must be one of \['test', 'train', 'val'\] or 'all' \(got 'dev'\)"
-    ):
+    with pytest.raises(ValueError, match=r"split must be one of \['test', 'train', 'val'\] or 'all' \(got 'dev'\)"):
         DrivaerMLDataset(tiny_store, split="dev", mesh=None)
-    with pytest.raises(
-        ValueError, match=r"kind must be one of \['surface', 'volume'\] for this store \(got 'wake'\)"
-    ):
+    with pytest.raises(ValueError, match=r"kind must be one of \['surface', 'volume'\] for this store \(got 'wake'\)"):
         DrivaerMLDataset(tiny_store, kind="wake", mesh=None)
     with pytest.raises(ValueError, match=r"fields \['UMeanTrim'\] are not in the store's surface arrays"):
         DrivaerMLDataset(tiny_store, fields=["UMeanTrim"], mesh=None)
@@ -84,13 +80,9 @@ def test_normalize_round_trip(tiny_store: Path) -> None:
     mean, std = raw.stats["wallShearStressMeanTrim"]
     assert mean.shape == (3,)
     torch.testing.assert_close(b["wallShearStressMeanTrim"], (a["wallShearStressMeanTrim"] - mean) / std)
-    torch.testing.assert_close(
-        norm.denormalize("pMeanTrim", b["pMeanTrim"]), a["pMeanTrim"], rtol=1e-5, atol=1e-3
-    )
+    torch.testing.assert_close(norm.denormalize("pMeanTrim", b["pMeanTrim"]), a["pMeanTrim"], rtol=1e-5, atol=1e-3)
     if len(raw) == 1:  # over the training runs, a normalised field has mean 0 and std 1
-        torch.testing.assert_close(
-            b["pMeanTrim"].double().mean(), torch.tensor(0.0).double(), atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(b["pMeanTrim"].double().mean(), torch.tensor(0.0).double(), atol=1e-5, rtol=0)
 
 
 def test_subsampling_is_seeded_per_epoch(tiny_store: Path) -> None:
@@ -148,9 +140,7 @@ def _rank_local_sample(store: str, kind: str, num_points: int | None) -> dict[st
         setattr(dist, name, counting(name, fn))
     try:
         with CommCounter() as cc:
-            ds = DrivaerMLDataset(
-                store, split="all", kind=kind, mesh=mesh, num_points=num_points, return_index=True
-            )
+            ds = DrivaerMLDataset(store, split="all", kind=kind, mesh=mesh, num_points=num_points, return_index=True)
             sample = ds[0]
     finally:
         _store._pread = real_pread
@@ -226,6 +216,5 @@ def test_missing_partition_for_mesh_size(tiny_root: Path, tmp_path: Path) -> Non
     preprocess(tiny_root, tmp_path / "s", parts=(4,), runs=[1], splits=(1, 0, 0), workers=1, progress=False)
     messages = run_distributed(_no_partition_for_p, 2, str(tmp_path / "s"))
     assert messages[0] == (
-        "store has no partition for P=2 (the mesh size); it serves P in [1, 4]: "
-        "preprocess again with --parts 2"
+        "store has no partition for P=2 (the mesh size); it serves P in [1, 4]: preprocess again with --parts 2"
     )

@@ -123,9 +123,7 @@ def test_resume_skips_finished_runs(tiny_root: Path, tmp_path: Path) -> None:
     assert changed.processed == [1, 2, 3]  # a new configuration redoes every run
 
 
-def test_failure_is_reported_and_atomic(
-    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failure_is_reported_and_atomic(tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
     preprocess(tiny_root, store, parts=(2,), workers=1, progress=False)
     old = (store / "runs" / "run_2" / "run.json").read_text()

@@ -28,10 +28,11 @@ def test_divisor_chains() -> None:
     assert divisor_chains([5]) == [[5]]
 
 
-@pytest.mark.parametrize("chain", [[1, 2, 4], [2, 6], [3], [1, 4, 8]])
-def test_nested_partition_is_contiguous_for_every_p(chain: list[int]) -> None:
+@pytest.mark.parametrize("method", ["rcb", "morton", "hilbert"])
+@pytest.mark.parametrize("chain", [[1, 2, 4], [2, 6], [3], [1, 4, 8], [1]])
+def test_nested_partition_is_contiguous_for_every_p(chain: list[int], method: str) -> None:
     points = torch.rand(301, 3, generator=torch.Generator().manual_seed(0))
-    perm, sizes = nested_partition(points, chain, "rcb")
+    perm, sizes = nested_partition(points, chain, method)
     assert sorted(perm.tolist()) == list(range(301))
     assert sizes[1] == [301]
     for coarse, fine in zip(chain, chain[1:]):
@@ -41,16 +42,53 @@ def test_nested_partition_is_contiguous_for_every_p(chain: list[int]) -> None:
     assert all(sum(sizes[p]) == 301 and len(sizes[p]) == p for p in chain)
 
 
-def test_nested_rcb_equals_flat_rcb_for_powers_of_two() -> None:
+def _nested_reference(points: torch.Tensor, chain: list[int], method: str) -> tuple[torch.Tensor, dict]:
+    """Level-by-level re-partitioning (the definition of the nested order)."""
     from meshshard.partition import partition
 
-    points = torch.rand(500, 3, generator=torch.Generator().manual_seed(1))
-    perm, sizes = nested_partition(points, [1, 2, 4], "rcb")
-    flat = partition(points, 4, method="rcb")
-    assert sizes[4] == flat.sizes.tolist()
-    offsets = np.cumsum([0, *sizes[4]])
-    for r in range(4):
-        assert set(perm[offsets[r] : offsets[r + 1]].tolist()) == set(flat.shard_indices(r).tolist())
+    perm, current, prev, sizes = torch.arange(len(points)), [len(points)], 1, {}
+    for p in chain:
+        new_perm, new_sizes, start = torch.empty_like(perm), [], 0
+        for size in current:
+            block = perm[start : start + size]
+            part = partition(points[block], p // prev, method=method)
+            new_perm[start : start + size] = block[part.perm]
+            new_sizes += part.sizes.tolist()
+            start += size
+        perm, current, prev, sizes[p] = new_perm, new_sizes, p, new_sizes
+    return perm, sizes
+
+
+def test_flat_rcb_equals_nested_rcb_for_powers_of_two() -> None:
+    # The fast path (one RCB with P_max parts) gives the nested order's parts when N divides evenly.
+    points = torch.rand(512, 3, generator=torch.Generator().manual_seed(1))
+    perm, sizes = nested_partition(points, [1, 2, 4, 8], "rcb")
+    ref_perm, ref_sizes = _nested_reference(points, [2, 4, 8], "rcb")
+    for p in (2, 4, 8):
+        assert sizes[p] == ref_sizes[p]
+        offsets = np.cumsum([0, *sizes[p]])
+        for r in range(p):
+            got = set(perm[offsets[r] : offsets[r + 1]].tolist())
+            assert got == set(ref_perm[offsets[r] : offsets[r + 1]].tolist())
+
+
+def test_flat_rcb_coarse_parts_are_balanced_tree_nodes() -> None:
+    points = torch.rand(37, 3, generator=torch.Generator().manual_seed(1))
+    perm, sizes = nested_partition(points, [2, 4, 8], "rcb")
+    for p in (2, 4, 8):
+        assert all(abs(s - 37 / p) <= 1 for s in sizes[p])
+    ordered = points[perm]
+    left, right = ordered[: sizes[2][0]], ordered[sizes[2][0] :]
+    gaps = [float(right[:, a].min() - left[:, a].max()) for a in range(3)]
+    gaps += [float(left[:, a].min() - right[:, a].max()) for a in range(3)]
+    assert max(gaps) >= 0  # the two halves are separated by an axis-aligned cut
+
+
+def test_nested_path_for_non_powers_of_two() -> None:
+    points = torch.rand(200, 3, generator=torch.Generator().manual_seed(2))
+    perm, sizes = nested_partition(points, [3, 6], "rcb")
+    ref_perm, ref_sizes = _nested_reference(points, [3, 6], "rcb")
+    assert torch.equal(perm, ref_perm) and sizes[3] == ref_sizes[3] and sizes[6] == ref_sizes[6]
 
 
 def test_split_runs() -> None:
@@ -62,9 +100,7 @@ def test_split_runs() -> None:
     small = split_runs([4, 5, 6], (0.8, 0.1, 0.1), seed=0)
     assert [len(small[k]) for k in ("train", "val", "test")] == [1, 1, 1]
     assert split_runs([1, 2], (1.0, 0.0, 0.0), 0) == {"train": [1, 2], "val": [], "test": []}
-    with pytest.raises(
-        ValueError, match=r"splits must be non-negative and sum to 1 \(got \[0.5, 0.1, 0.1\]\)"
-    ):
+    with pytest.raises(ValueError, match=r"splits must be non-negative and sum to 1 \(got \[0.5, 0.1, 0.1\]\)"):
         split_runs([1], (0.5, 0.1, 0.1), 0)
     with pytest.raises(ValueError, match=r"splits must have 3 fractions"):
         split_runs([1], (1.0,), 0)

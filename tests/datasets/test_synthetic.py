@@ -143,11 +143,7 @@ def test_volume_mesh_and_fields(tiny_root: Path) -> None:
     u = grid.cell_data["UMeanTrim"]
     upstream = centres[:, 0] < -0.3 * params.length
     assert upstream.any() and 0.8 < (u[upstream, 0] / U_INF).min() <= (u[upstream, 0] / U_INF).max() < 1.01
-    wake = (
-        (centres[:, 0] > 1.05 * params.length)
-        & (np.abs(centres[:, 1]) < 0.3)
-        & (centres[:, 2] < params.height)
-    )
+    wake = (centres[:, 0] > 1.05 * params.length) & (np.abs(centres[:, 1]) < 0.3) & (centres[:, 2] < params.height)
     assert u[wake, 0].mean() < 0.8 * U_INF
     assert grid.cell_data["nutMeanTrim"].min() > 0
 
