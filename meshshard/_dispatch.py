@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.overrides import resolve_name
 
 from .errors import ShardingError, UnsupportedOpError
@@ -63,7 +64,22 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
             "x.to_local() (and rewrap with ShardTensor.from_local), gather with x.full_tensor(), or register a "
             "rule with meshshard._dispatch.register."
         )
+    if any(isinstance(a, DTensor) for a in args) or any(isinstance(a, DTensor) for a in kwargs.values()):
+        args = tuple(_replicated_dtensor_to_local(a, func) for a in args)
+        kwargs = {k: _replicated_dtensor_to_local(v, func) for k, v in kwargs.items()}
     return handler(func, args, kwargs)
+
+
+def _replicated_dtensor_to_local(a: Any, func: Callable) -> Any:
+    """Replicated DTensor weights take part through their local value (differentiably)."""
+    if not isinstance(a, DTensor):
+        return a
+    if not all(p.is_replicate() for p in a.placements):
+        raise UnsupportedOpError(
+            f"{op_name(func)}: a DTensor operand with placements {a.placements} cannot be mixed with a ShardTensor; "
+            "only replicated DTensors (e.g. weights) can"
+        )
+    return a.to_local()
 
 
 def iter_tensors(args: Iterable, kwargs: dict) -> Iterable[Any]:

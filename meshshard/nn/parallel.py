@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from .. import comm
 
@@ -34,11 +35,12 @@ def sync_gradients(module: torch.nn.Module, mesh: DeviceMesh, *, domain_dim: int
     if mesh.ndim == 2:
         dp = 1 - dom
         groups.append((mesh.get_group(dp), mesh.size(dp)))
-    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for p in params:
-        by_dtype.setdefault(p.grad.dtype, []).append(p)
-    for ps in by_dtype.values():
-        flat = torch.cat([p.grad.reshape(-1) for p in ps])
+        grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad  # replicated DTensor weights
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
         for group, mean_over in groups:
             if dist.get_world_size(group) == 1:
                 continue
@@ -47,7 +49,6 @@ def sync_gradients(module: torch.nn.Module, mesh: DeviceMesh, *, domain_dim: int
             if mean_over:
                 flat /= mean_over
         offset = 0
-        for p in ps:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
