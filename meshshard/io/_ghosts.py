@@ -53,8 +53,11 @@ def _near_other_box(centres: np.ndarray, owner: np.ndarray, radius: float, num_p
     """(N,) bool: is the item within ``radius`` of the bounding box of a part other than its own?"""
     lo = np.full((num_parts, 3), np.inf)
     hi = np.full((num_parts, 3), -np.inf)
-    np.minimum.at(lo, owner, centres)
-    np.maximum.at(hi, owner, centres)
+    order = np.argsort(owner, kind="stable")
+    starts = np.searchsorted(owner[order], np.arange(num_parts))
+    full = np.bincount(owner, minlength=num_parts) > 0  # reduceat needs non-empty segments
+    lo[full] = np.minimum.reduceat(centres[order], starts[full])
+    hi[full] = np.maximum.reduceat(centres[order], starts[full])
     # Widen by the radius (plus rounding slack) and test containment: a superset of "within r".
     slack = radius * (1 + 1e-9) + 1e-12 * (float(np.abs(centres).max()) + 1.0)
     lo, hi = lo - slack, hi + slack
@@ -62,8 +65,10 @@ def _near_other_box(centres: np.ndarray, owner: np.ndarray, radius: float, num_p
     block = max(1, 2**24 // max(len(centres), 1))  # bound the (N, block) temporaries
     for start in range(0, num_parts, block):
         box = slice(start, min(start + block, num_parts))
-        points = centres[:, None, :]
-        inside = np.all((points >= lo[None, box]) & (points <= hi[None, box]), axis=2)
+        inside = np.ones((len(centres), box.stop - box.start), dtype=bool)
+        for d in range(3):  # one axis at a time: (N, block) temporaries, not (N, block, 3)
+            column = centres[:, d : d + 1]
+            inside &= (column >= lo[None, box, d]) & (column <= hi[None, box, d])
         rows = np.flatnonzero((owner >= box.start) & (owner < box.stop))
         inside[rows, owner[rows] - start] = False  # its own box does not count
         near |= inside.any(axis=1)

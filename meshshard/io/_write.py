@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ShardingError
 from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
 from ._ghosts import check_radius, ghost_items
 from ._vtk import (
@@ -322,6 +323,12 @@ def write_local_partition(
     pathlib.Path
         The index file.
 
+    Raises
+    ------
+    ShardingError
+        On the healthy ranks when another rank failed (that rank raises its own error); no index
+        is written then.
+
     **Communication**: under a process group, two all-reduces of one int32 over ``group`` (every
     piece written? the index written?), plus one ``all_gather_object`` of an int when global ids
     must be derived from plain tensors, plus with ``halo`` one ``halo.exchange`` (an
@@ -389,7 +396,7 @@ def write_local_partition(
     if error is not None:
         raise error
     if not pieces_ok:
-        raise RuntimeError(f"rank {rank}: another rank failed to write its piece; no index was written")
+        raise ShardingError(f"rank {rank}: another rank failed to write its piece; no index was written")
     if rank == 0:
         try:
             write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(num_ranks)])
@@ -398,7 +405,7 @@ def write_local_partition(
     if not _all_ok(error is None, group):
         if error is not None:
             raise error
-        raise RuntimeError(f"rank {rank}: rank 0 failed to write the index {index}")
+        raise ShardingError(f"rank {rank}: rank 0 failed to write the index {index}")
     return index
 
 

@@ -386,3 +386,17 @@ def test_polyhedra_are_refused(tmp_path):
         pytest.skip("cannot build a polyhedron grid this way")
     with pytest.raises(ValueError, match="polyhedron"):
         write_partitions(grid, Partition(perm=torch.arange(1), sizes=torch.tensor([1])), tmp_path / "p.pvtu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_write_the_same_files(tmp_path, cloud):
+    part = Partition.from_owner(torch.arange(40) % 3, 3)
+    fields = {"p": torch.arange(40.0)}
+    cpu = read_partitions(write_partitions(cloud, part, tmp_path / "cpu.pvtp", fields=fields, ghost_radius=0.2))
+    gpu_fields = {"p": fields["p"].cuda()}
+    gpu = read_partitions(
+        write_partitions(cloud.cuda(), part.to("cuda"), tmp_path / "gpu.pvtp", fields=gpu_fields, ghost_radius=0.2)
+    )
+    np.testing.assert_array_equal(cpu.points, gpu.points)
+    for name in ("p", "GlobalPointIds", "vtkProcessId", "vtkGhostType"):
+        np.testing.assert_array_equal(cpu.point_data[name], gpu.point_data[name])
