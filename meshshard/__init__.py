@@ -11,6 +11,7 @@ from . import ops  # noqa: F401  (registers the sharding rules)
 from . import nn
 from .comm import CommCounter
 from .errors import ShardingError, UnsupportedOpError
+from .halo import HaloPlan
 from .mesh import init_mesh
 from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, scatter
 
@@ -18,14 +19,28 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CommCounter",
+    "HaloPlan",
     "ReplicatedTensor",
     "ShardSpec",
     "ShardTensor",
     "ShardingError",
     "UnsupportedOpError",
+    "datasets",
     "init_mesh",
+    "io",
     "nn",
     "ops",
+    "partition",
     "scatter",
     "__version__",
 ]
+
+_LAZY = ("datasets", "io", "partition")  # heavier imports (VTK, trimesh), loaded on first use
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'meshshard' has no attribute {name!r}")
