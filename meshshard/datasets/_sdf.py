@@ -1,11 +1,12 @@
 """Signed distance from points to a closed triangle mesh (positive outside), chunked.
 
-Backends, measured here on 1e5 random points around a 20k-face synthetic car (2-core CPU,
-``benchmarks/bench_preprocess.py`` repeats it): warp ``mesh_query_point_sign_winding_number``
-0.75 s (plus a one-off ~8 s kernel compile, cached on disk), libigl ``signed_distance``
-3.6 s (pseudonormal sign; 4.3 s with its default winding-number sign), trimesh ~200 s (extrapolated
-from 2000 points in 4.3 s). ``"auto"`` takes warp when it is installed (an optional dependency),
-else libigl (a core dependency). All agree to 1e-6 m on that test.
+Chosen by measurement (``benchmarks/bench_preprocess.py``): 1e5 random points around a
+20k-face synthetic car, on this 2-core CPU shared with other jobs (the range is two runs under
+different load): warp ``mesh_query_point_sign_winding_number`` 0.75-1.9 s warm (its first call
+compiles a kernel, ~8 s once, then cached on disk), libigl ``signed_distance`` 3.6-7.7 s with the
+pseudonormal sign (4.3-11.3 s with its default winding-number sign), trimesh 215-450 s
+(extrapolated from 2000 points). All agree to 1e-6 m. So ``"auto"`` takes warp when it is
+installed (an optional dependency: ``pip install warp-lang``), else libigl (a core dependency).
 """
 
 from __future__ import annotations

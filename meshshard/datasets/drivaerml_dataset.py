@@ -48,6 +48,9 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
     ``P``. Rank ``r`` reads only the rows ``[offset_r, offset_r + size_r)`` of each array (one
     ``pread`` per array: ``size_r`` rows times the row bytes; :attr:`bytes_read` counts them).
 
+    Samples differ in size, so wrap it in a ``DataLoader`` with ``batch_size=None`` (one sample
+    per step, as the DrivaerML recipes do) or your own collate function.
+
     **Communication:** none. Every rank derives the sizes, and the subsample counts, from
     ``meta.json``.
 
