@@ -3,8 +3,18 @@
 :func:`write_partitions` writes one piece per rank (``.vtp``/``.vtu``) and the parallel index
 (``.pvtp``/``.pvtu``) ParaView opens, with ``vtkProcessId``, global ids, fields and, given a ghost
 radius, ghosts marked by ``vtkGhostType``. :func:`write_local_partition` does the same from a
-distributed run, each rank writing its own piece. :func:`render_partitions` draws an off-screen
-PNG coloured by rank; :func:`plot_partition_quality` a bar chart of points and ghosts per rank.
+distributed run, each rank writing its own piece (:func:`write_partition_index` indexes pieces
+written without a process group). :func:`read_partitions` reads an index back (pyvista cannot
+read ``.pvtp``). :func:`render_partitions` draws an off-screen PNG coloured by rank;
+:func:`plot_partition_quality` a bar chart of points and ghosts per rank.
+
+>>> import meshshard as ms                                                  # doctest: +SKIP
+>>> part = ms.partition.partition_mesh(car, 8)                             # doctest: +SKIP
+>>> index = ms.io.write_partitions(car, part, "out/car.pvtp", ghost_radius=0.02)  # doctest: +SKIP
+>>> ms.io.render_partitions(car, part, "out/car.png")                      # doctest: +SKIP
+
+Files: ``car.pvtp`` (open this in ParaView), ``car_0.vtp`` ... ``car_7.vtp`` (one per rank) and
+``car.vtpd`` (``pyvista.read`` gives a PartitionedDataSet, one partition per rank).
 """
 
 from __future__ import annotations
