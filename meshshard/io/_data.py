@@ -110,10 +110,12 @@ def as_numpy(value: Any, name: str) -> np.ndarray:
 
 def _as_points(value: Any, name: str) -> np.ndarray:
     points = as_numpy(value, name)
-    if points.ndim != 2 or points.shape[1] != 3:
-        raise ValueError(f"{name} must have shape (N, 3) (got {tuple(points.shape)})")
+    if points.ndim != 2 or points.shape[1] not in (2, 3):
+        raise ValueError(f"{name} must have shape (N, 3) or (N, 2) (got {tuple(points.shape)})")
     if points.dtype.kind != "f":
         points = points.astype(np.float64)
+    if points.shape[1] == 2:  # VTK points are 3-D: a planar cloud gets z = 0
+        points = np.concatenate([points, np.zeros((points.shape[0], 1), dtype=points.dtype)], axis=1)
     return points
 
 

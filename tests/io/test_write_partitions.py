@@ -103,6 +103,15 @@ def test_compressed_pieces_read_back_exactly_and_are_smaller(tmp_path, compressi
         write_partitions(points, part, tmp_path / "x.pvtp", compression="gzip")
 
 
+def test_planar_cloud_gets_z_zero(tmp_path):
+    points = np.arange(12, dtype=np.int64).reshape(6, 2)
+    part = Partition.from_owner(torch.tensor([0, 1, 0, 1, 0, 1]), 2)
+    mesh = read_partitions(write_partitions(points, part, tmp_path / "flat.pvtp", ghost_radius=3.0))
+    gids = np.asarray(mesh.point_data["GlobalPointIds"])
+    np.testing.assert_array_equal(mesh.points[:, :2], points[gids])
+    assert np.all(mesh.points[:, 2] == 0) and mesh.points.dtype == np.float64
+
+
 def test_cloud_ghosts_are_exact_and_marked(tmp_path, cloud):
     part = slab_partition(cloud.numpy(), 3)
     radius = 0.2
@@ -316,7 +325,7 @@ def test_bad_paths(tmp_path, cloud, path, error, match):
     [
         ("points.npy", {}, TypeError, r"data must be an \(N, 3\) tensor/array.*\(got str\)"),
         ([[0.0, 0, 0]] * 4, {}, TypeError, r"\(got list\)"),
-        (torch.zeros(4, 2), {}, ValueError, re.escape("data must have shape (N, 3) (got (4, 2))")),
+        (torch.zeros(4, 4), {}, ValueError, re.escape("data must have shape (N, 3) or (N, 2) (got (4, 4))")),
         (torch.zeros(4, 3, dtype=torch.complex64), {}, TypeError, "data must hold real numbers"),
         ({"x": torch.zeros(4, 3)}, {}, ValueError, "a sample dict needs a 'pos' entry"),
         (torch.zeros(5, 3), {}, ValueError, "partition covers 4 items but data has 5 points"),
