@@ -409,3 +409,13 @@ def test_cuda_tensors_write_the_same_files(tmp_path, cloud):
     np.testing.assert_array_equal(cpu.points, gpu.points)
     for name in ("p", "GlobalPointIds", "vtkProcessId", "vtkGhostType"):
         np.testing.assert_array_equal(cpu.point_data[name], gpu.point_data[name])
+
+
+def test_ghost_counts_agree_with_partition_quality(tmp_path, sphere):
+    from meshshard.partition import partition_mesh, quality
+
+    mesh_part = partition_mesh(sphere, 4)
+    radius = 0.2
+    write_partitions(sphere, mesh_part, tmp_path / "q.pvtp", ghost_radius=radius)
+    counts = [int((pv.read(tmp_path / f"q_{r}.vtp").cell_data["vtkGhostType"] == 1).sum()) for r in range(4)]
+    assert counts == quality(mesh_part.centroids, mesh_part.cells, radius=radius)["ghosts"].tolist()
