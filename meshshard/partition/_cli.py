@@ -29,9 +29,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--method", choices=("rcb", "morton", "hilbert"), default="rcb", help="partitioner (default rcb)"
     )
-    parser.add_argument(
-        "--fractions", default=None, help="comma-separated target share of each part, summing to 1"
-    )
+    parser.add_argument("--fractions", default=None, help="comma-separated target share of each part, summing to 1")
     parser.add_argument(
         "--ghost-radius",
         type=float,
@@ -58,9 +56,7 @@ def _load(path: Path) -> tuple[Any, str]:
         except (ValueError, OSError) as exc:
             raise _fail(f"cannot read {path} as a .npy array ({exc})") from None
         if points.ndim != 2 or points.shape[1] not in (2, 3) or points.dtype.kind not in "fiu":
-            raise _fail(
-                f"{path} must hold an (N, 3) or (N, 2) numeric array (got {points.dtype} {points.shape})"
-            )
+            raise _fail(f"{path} must hold an (N, 3) or (N, 2) numeric array (got {points.dtype} {points.shape})")
         return points, "cloud"
     if suffix in MESH_SUFFIXES:
         import pyvista as pv

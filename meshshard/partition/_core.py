@@ -56,16 +56,23 @@ def partition(
     method: str = "rcb",
     weights: torch.Tensor | np.ndarray | None = None,
     fractions: torch.Tensor | np.ndarray | list[float] | None = None,
+    *,
+    axis_rule: str = "density",
 ) -> Partition:
     r"""Split a point cloud into ``num_parts`` spatially compact parts.
 
     Methods
     -------
     ``"rcb"`` (default)
-        Recursive coordinate bisection (a k-d tree): cut the longest extent of a node's points at
-        the weighted median, sending ``ceil(P_node / 2)`` parts left and ``floor(P_node / 2)``
-        right, so any ``num_parts`` works. Parts are boxes of the cut tree, kept in
-        :attr:`Partition.regions`. Fewest ghosts of the three on volume and surface clouds.
+        Recursive coordinate bisection (a k-d tree): cut each node at the weighted median of one
+        axis, sending ``ceil(P_node / 2)`` parts left and ``floor(P_node / 2)`` right, so any
+        ``num_parts`` works. Parts are boxes of the cut tree, kept in :attr:`Partition.regions`.
+        The axis (``axis_rule``): ``"density"`` (default) takes the axis whose median plane has
+        the least weight per unit thickness around it (the first-order ghost cost of the cut;
+        ties, e.g. gaps on several axes, go to the longest extent); ``"longest"`` is classic RCB,
+        the longest extent of the node's points. Both agree on uniform boxes; on graded clouds
+        (dense near a body) ``"density"`` avoids slicing along the dense layer (about 20% fewer
+        ghosts at ``P = 64``, see ``benchmarks/bench_partition.py``) for ~1.5x the time.
     ``"morton"``, ``"hilbert"``
         Quantise coordinates (21 bits per axis in 3-D, 31 in 2-D, one cubic grid over the bounding
         box), sort by curve key, cut the curve into contiguous chunks of equal weight.
@@ -94,6 +101,8 @@ def partition(
     fractions : sequence of float, optional
         ``(P,)`` non-negative target shares summing to 1 (tolerance ``1e-6``), for deliberately
         uneven parts (e.g. heterogeneous devices). Zero shares give empty parts.
+    axis_rule : {"density", "longest"}
+        How ``rcb`` picks its cut axis (ignored by the curve methods).
 
     Returns
     -------
@@ -142,13 +151,16 @@ def partition(
     torch.cumsum(f, 0, out=cum_fractions[1:])
     cum_fractions[-1] = 1.0
 
+    if axis_rule not in ("density", "longest"):
+        raise ValueError(f"axis_rule must be 'density' or 'longest' (got {axis_rule!r})")
     params: dict[str, Any] = {
         "dim": dim,
         "weighted": weights is not None,
         "fractions": None if fractions is None else f.tolist(),
     }
     if method == "rcb":
-        owner, regions, boxes = rcb(pts, None if weights is None else w, cum_fractions)
+        params["axis_rule"] = axis_rule
+        owner, regions, boxes = rcb(pts, None if weights is None else w, cum_fractions, axis_rule=axis_rule)
     else:
         bits = DEFAULT_BITS[dim]
         params["bits"] = bits

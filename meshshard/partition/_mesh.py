@@ -129,9 +129,7 @@ def partition_mesh(
     pos, cell_of, point_of = found
     num_points, num_cells = pos.shape[0], int(cell_of.max()) + 1 if cell_of.size else 0
     if point_of.size and (point_of.min() < 0 or point_of.max() >= num_points):
-        raise ValueError(
-            f"mesh connectivity must index its {num_points} points (found {int(point_of.max())})"
-        )
+        raise ValueError(f"mesh connectivity must index its {num_points} points (found {int(point_of.max())})")
     corners = np.bincount(cell_of, minlength=num_cells)
     centroids = np.zeros((num_cells, pos.shape[1]))
     for axis in range(pos.shape[1]):
@@ -145,9 +143,7 @@ def partition_mesh(
     first_cell = np.full(num_points, num_cells, dtype=np.int64)
     order = np.argsort(point_of, kind="stable")
     by_point = point_of[order]
-    leading = (
-        np.concatenate([[True], by_point[1:] != by_point[:-1]]) if by_point.size else by_point.astype(bool)
-    )
+    leading = np.concatenate([[True], by_point[1:] != by_point[:-1]]) if by_point.size else by_point.astype(bool)
     first_cell[by_point[leading]] = cell_of[order][leading]
     orphan = first_cell == num_cells
     if orphan.any():

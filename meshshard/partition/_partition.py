@@ -34,9 +34,7 @@ def _boxes_like(x: Any, num_parts: int, name: str, device: torch.device) -> torc
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating tensor of shape (P, 2, D) or None (got {type(x).__name__})"
-        )
+        raise TypeError(f"{name} must be a floating tensor of shape (P, 2, D) or None (got {type(x).__name__})")
     if x.ndim != 3 or x.shape[0] != num_parts or x.shape[1] != 2:
         raise ValueError(f"{name} must have shape ({num_parts}, 2, D) (got {tuple(x.shape)})")
     return x.to(device)
@@ -226,9 +224,7 @@ class Partition:
         if not isinstance(tensor, torch.Tensor | np.ndarray):
             raise TypeError(f"tensor must be a torch.Tensor or numpy.ndarray (got {type(tensor).__name__})")
         if tensor.ndim < 1 or tensor.shape[0] != self.num_points:
-            raise ValueError(
-                f"tensor must have num_points = {self.num_points} rows (got shape {tuple(tensor.shape)})"
-            )
+            raise ValueError(f"tensor must have num_points = {self.num_points} rows (got shape {tuple(tensor.shape)})")
 
     def to(self, device: torch.device | str) -> Partition:
         """A copy with every tensor on ``device``."""

@@ -46,9 +46,7 @@ def surface_to_volume_estimate(points: torch.Tensor | np.ndarray, num_parts: int
     return 2 * dim * (num_parts ** (1.0 / dim) - 1) * 0.85 * radius / size
 
 
-def neighbor_radius(
-    points: torch.Tensor | np.ndarray, num_neighbors: int = 32, num_samples: int = 2048
-) -> float:
+def neighbor_radius(points: torch.Tensor | np.ndarray, num_neighbors: int = 32, num_samples: int = 2048) -> float:
     """Radius whose closed ball around a typical point holds about ``num_neighbors`` other points.
 
     The median, over ``num_samples`` evenly spaced points, of the distance to their
@@ -58,9 +56,7 @@ def neighbor_radius(
 
     pts = as_points(points).detach().cpu().to(torch.float64).numpy()
     if pts.shape[0] <= num_neighbors:
-        raise ValueError(
-            f"points must hold more than num_neighbors = {num_neighbors} points (got {pts.shape[0]})"
-        )
+        raise ValueError(f"points must hold more than num_neighbors = {num_neighbors} points (got {pts.shape[0]})")
     tree = cKDTree(pts)
     sample = np.unique(np.linspace(0, pts.shape[0] - 1, min(num_samples, pts.shape[0])).astype(np.int64))
     dist, _ = tree.query(pts[sample], k=num_neighbors + 1)

@@ -3,17 +3,19 @@ r"""Recursive coordinate bisection (a k-d tree), one tree level at a time for al
 State: the tree node of every point (in the original order) and, per node, its parts ``[p0, p1)``
 and its cell ``[lo, hi]``. At each level, for all nodes together:
 
-* the bounding box of each node's points (two ``scatter_reduce``) gives its cut axis: the longest
-  extent, lowest axis on ties;
-* a weighted histogram of the cut coordinate per node (``B`` equal buckets over the node's extent,
-  one ``bincount`` for all nodes) locates the bucket holding the weighted median;
-* only the points of that bucket (about ``N / B`` per node) are sorted, by coordinate and then
-  original index, to place the cut exactly;
+* the bounding box of each node's points (``D`` ``scatter_reduce``) gives its extents;
+* a weighted histogram of each candidate axis per node (``B`` equal buckets over the node's
+  extent, one ``bincount`` for all nodes) locates the bucket holding the weighted median; the
+  cut axis is the one whose median plane has the least weight per unit thickness in a window of
+  ``+-B/64`` buckets (``axis_rule="density"``: the first-order ghost cost of the cut; ties go to
+  the longest extent), or simply the longest extent (``axis_rule="longest"``, classic RCB);
+* only the points of the median bucket (about ``N / B`` per node) are sorted, by coordinate and
+  then original index, to place the cut exactly;
 * points go to the left or right child, which take the node's place in the node list.
 
-No Python loop runs over points or nodes; cost ``O(N)`` per level, ``ceil(log2 P)`` levels. The
-result does not depend on ``B``: it is the exact weighted median of the node's points ordered by
-(coordinate, original index).
+No Python loop runs over points or nodes (only over the ``D <= 3`` axes); cost ``O(N D)`` per
+level, ``ceil(log2 P)`` levels. Given the axis, the cut does not depend on ``B``: it is the exact
+weighted median of the node's points ordered by (coordinate, original index).
 
 Cut placement: part boundary ``b`` sits where the cumulative weight, in partition order, is
 nearest to ``W * (f_0 + ... + f_{b-1})`` (lower on ties). These global targets are the
@@ -44,8 +46,35 @@ def nearest_boundaries(prefix: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return torch.where(take_lo, lo, hi)
 
 
+def _histogram(
+    x: torch.Tensor,
+    node_lo: torch.Tensor,
+    node_extent: torch.Tensor,
+    node_of: torch.Tensor,
+    buckets: int,
+    weights: torch.Tensor | None,
+    work: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bucket of every point's coordinate ``x`` in its node, and every node's cumulative histogram.
+
+    Buckets split ``[node_lo, node_lo + node_extent]`` evenly; the bucket is monotone in ``x``.
+    Returns ``(N,)`` buckets and ``(M, B)`` inclusive cumulative weights (float64).
+    """
+    num_nodes = node_lo.numel()
+    scale = torch.where(node_extent > 0, buckets / node_extent, torch.zeros_like(node_extent))
+    scale = torch.nan_to_num(scale, nan=0.0, posinf=0.0)  # empty nodes, or an extent that underflows
+    bucket = (x.to(work) - node_lo.to(work).index_select(0, node_of)).mul_(scale.to(work).index_select(0, node_of))
+    bucket = bucket.floor_().to(torch.long).clamp_(0, buckets - 1)
+    hist = torch.bincount(node_of * buckets + bucket, weights=weights, minlength=num_nodes * buckets)
+    return bucket, hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)
+
+
 def rcb(
-    points: torch.Tensor, weights: torch.Tensor | None, cum_fractions: torch.Tensor, num_buckets: int = 1024
+    points: torch.Tensor,
+    weights: torch.Tensor | None,
+    cum_fractions: torch.Tensor,
+    num_buckets: int = 1024,
+    axis_rule: str = "density",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Partition by recursive coordinate bisection.
 
@@ -58,7 +87,10 @@ def rcb(
     cum_fractions : Tensor
         ``(P + 1,)`` float64 cumulative target shares, ``0`` first and ``1`` last.
     num_buckets : int
-        Histogram resolution per node (speed only; the result does not depend on it).
+        Histogram resolution per node. With ``axis_rule="longest"`` the result does not depend
+        on it; with ``"density"`` it sets the window that measures density.
+    axis_rule : {"density", "longest"}
+        How the cut axis is chosen (see the module docstring).
 
     Returns
     -------
@@ -119,31 +151,50 @@ def rcb(
         if not bool(split.any()):
             break
 
-        axis = (box_hi - box_lo).argmax(dim=0)  # first maximum on ties
-
-        # Cut coordinate of every point, and its bucket in its node's histogram.
-        x = flat_columns.index_select(0, axis.index_select(0, node_of) * num_points + position)
-        node_lo = box_lo.gather(0, axis[None, :])[0]
-        node_extent = box_hi.gather(0, axis[None, :])[0] - node_lo
+        # Histograms of the candidate cut axes: all axes, or only the longest one.
         buckets = max(1, min(num_buckets, (4 * num_points) // num_nodes))
-        scale = torch.where(node_extent > 0, buckets / node_extent, torch.zeros_like(node_extent))
-        scale = torch.nan_to_num(scale, nan=0.0, posinf=0.0)  # empty nodes, or an extent that underflows
-        bucket = (x.to(work) - node_lo.to(work).index_select(0, node_of)).mul_(
-            scale.to(work).index_select(0, node_of)
-        )
-        bucket = bucket.floor_().to(torch.long).clamp_(0, buckets - 1)
-        hist = torch.bincount(node_of * buckets + bucket, weights=weights, minlength=num_nodes * buckets)
-        hist = hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)  # inclusive per node
+        extent = box_hi - box_lo  # (D, M); -inf for empty nodes
+        mid = p0 + (p1 - p0 + 1) // 2
+        if axis_rule == "longest":
+            axis = extent.argmax(dim=0)  # first maximum on ties
+            x = flat_columns.index_select(0, axis.index_select(0, node_of) * num_points + position)
+            bucket, hist = _histogram(
+                x, box_lo.gather(0, axis[None])[0], extent.gather(0, axis[None])[0], node_of, buckets, weights, work
+            )
+        else:
+            rows = [_histogram(columns[a], box_lo[a], extent[a], node_of, buckets, weights, work) for a in range(dim)]
+            all_hist = torch.stack([h for _, h in rows])  # (D, M, B)
+            # Ghost cost of cutting at the weighted median of each axis: the weight per unit
+            # thickness in a window of +-B/64 buckets around the plane. Cut where it is lowest.
+            node_weight = all_hist[0, :, -1]
+            need = targets.index_select(0, mid) - (torch.cumsum(node_weight, 0) - node_weight)
+            median = torch.searchsorted(all_hist, need.expand(dim, -1)[..., None].contiguous(), side="left")[..., 0]
+            median = median.clamp_(max=buckets - 1)
+            # The plane lies inside the median bucket, or, if that bucket is taken whole, halfway to
+            # the next non-empty bucket (so a gap between clusters shows as an empty window).
+            taken = all_hist.gather(2, median[..., None])
+            following = torch.searchsorted(all_hist, taken, side="right")[..., 0].clamp_(max=buckets - 1)
+            plane = torch.where(taken[..., 0] <= need, (median + following) // 2, median)
+            half = max(1, buckets // 64)
+            top = (plane + half).clamp(max=buckets - 1)
+            bottom = plane - half - 1
+            inside = all_hist.gather(2, top[..., None])[..., 0] - torch.where(
+                bottom >= 0, all_hist.gather(2, bottom.clamp(min=0)[..., None])[..., 0], 0.0
+            )
+            width = (top - bottom).to(torch.float64) * extent.to(torch.float64) / buckets
+            density = torch.where(width > 0, inside / width, torch.inf)
+            # Lowest density; among equals (e.g. gaps on several axes) the longest extent, then lowest axis.
+            lowest = density == density.min(dim=0).values
+            axis = torch.where(lowest, extent, -torch.inf).argmax(dim=0)
+            hist = all_hist.gather(0, axis[None, :, None].expand(1, num_nodes, buckets))[0]
+            bucket = torch.stack([b for b, _ in rows]).gather(0, axis.index_select(0, node_of)[None])[0]
 
         # Weight before each node in partition order, and the weight its left child should hold.
         node_weight = hist[:, -1]
         node_base = torch.cumsum(node_weight, 0) - node_weight
-        mid = p0 + (p1 - p0 + 1) // 2
         need = targets.index_select(0, mid) - node_base
         median_bucket = torch.searchsorted(hist, need[:, None], side="left")[:, 0].clamp_(max=buckets - 1)
-        below = torch.where(
-            median_bucket > 0, hist.gather(1, (median_bucket - 1).clamp(min=0)[:, None])[:, 0], 0.0
-        )
+        below = torch.where(median_bucket > 0, hist.gather(1, (median_bucket - 1).clamp(min=0)[:, None])[:, 0], 0.0)
         need = need - below  # weight still to take from the median bucket
         # Leaves keep all their points "left": no bucket reaches `buckets`.
         median_bucket = torch.where(split, median_bucket, buckets)
@@ -152,7 +203,8 @@ def rcb(
 
         # Sort the median bucket's points by (node, coordinate, original index).
         cand = (bucket == point_median).nonzero()[:, 0]
-        cand = cand.index_select(0, torch.sort(x.index_select(0, cand), stable=True).indices)
+        cand_x = flat_columns.index_select(0, axis.index_select(0, node_of.index_select(0, cand)) * num_points + cand)
+        cand = cand.index_select(0, torch.sort(cand_x, stable=True).indices)
         cand = cand.index_select(0, torch.sort(node_of.index_select(0, cand), stable=True).indices)
         num_cand = cand.numel()
         cand_node = node_of.index_select(0, cand)
@@ -163,9 +215,7 @@ def rcb(
             if weights is None
             else weights.index_select(0, cand)
         )
-        running = torch.cat(
-            [torch.zeros(1, dtype=torch.float64, device=device), torch.cumsum(cand_weight, 0)]
-        )
+        running = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), torch.cumsum(cand_weight, 0)])
         # taken[i]: weight of the candidates of i's node up to and including i.
         taken = running[1:] - running.index_select(0, cand_start).index_select(0, cand_node)
 

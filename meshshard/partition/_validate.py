@@ -38,8 +38,7 @@ def as_points(points: Any, name: str = "points") -> torch.Tensor:
         points = torch.from_numpy(np.ascontiguousarray(points))
     elif not isinstance(points, torch.Tensor):
         raise TypeError(
-            f"{name} must be a torch.Tensor or numpy.ndarray of shape (N, 2) or (N, 3) "
-            f"(got {_type_name(points)})"
+            f"{name} must be a torch.Tensor or numpy.ndarray of shape (N, 2) or (N, 3) (got {_type_name(points)})"
         )
     if points.dtype == torch.bool or points.is_complex():
         raise TypeError(f"{name} must hold real numbers (got {points.dtype})")
@@ -50,9 +49,7 @@ def as_points(points: Any, name: str = "points") -> torch.Tensor:
     finite = torch.isfinite(points).all(dim=1)
     if not bool(finite.all()):
         bad = (~finite).nonzero()
-        raise ValueError(
-            f"{name} must be finite (found {bad.numel()} rows with NaN/Inf, first at row {int(bad[0])})"
-        )
+        raise ValueError(f"{name} must be finite (found {bad.numel()} rows with NaN/Inf, first at row {int(bad[0])})")
     return points
 
 

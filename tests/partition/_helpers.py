@@ -34,9 +34,7 @@ def check_invariants(points: torch.Tensor, part: Partition, fractions: list[floa
     for r in range(p):
         mine = points[part.shard_indices(r)]
         if mine.shape[0] == 0:
-            assert bool((part.boxes[r, 0] == torch.inf).all()) and bool(
-                (part.boxes[r, 1] == -torch.inf).all()
-            )
+            assert bool((part.boxes[r, 0] == torch.inf).all()) and bool((part.boxes[r, 1] == -torch.inf).all())
         else:
             assert torch.equal(part.boxes[r, 0], mine.amin(0)) and torch.equal(part.boxes[r, 1], mine.amax(0))
     region = part.regions[part.owner]

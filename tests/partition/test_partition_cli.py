@@ -28,9 +28,7 @@ def cloud_file(tmp_path):
 def test_cloud_table_and_saved_partition(cloud_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("meshshard.partition._cli._io", lambda: None)
     out = tmp_path / "out"
-    assert (
-        _main(["partition", str(cloud_file), "--parts", "4", "--method", "hilbert", "--out", str(out)]) == 0
-    )
+    assert _main(["partition", str(cloud_file), "--parts", "4", "--method", "hilbert", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "cloud.npy: 2,000 points into 4 parts with hilbert" in text
     assert "about 32 neighbours" in text and "imbalance 1.0000" in text and "ghost fraction" in text
@@ -45,10 +43,7 @@ def test_mesh_input_with_radius_and_fractions(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("meshshard.partition._cli._io", lambda: None)
     path = tmp_path / "s.vtp"
     pv.Sphere(theta_resolution=16, phi_resolution=10).save(path)
-    assert (
-        _main(["partition", str(path), "--parts", "2", "--ghost-radius", "0.1", "--fractions", "0.25,0.75"])
-        == 0
-    )
+    assert _main(["partition", str(path), "--parts", "2", "--ghost-radius", "0.1", "--fractions", "0.25,0.75"]) == 0
     text = capsys.readouterr().out
     assert "cells into 2 parts with rcb" in text and "ghost radius 0.1\n" in text
 

@@ -77,9 +77,7 @@ def test_torch_geometric_data_and_trimesh():
     tg = pytest.importorskip("torch_geometric")
     mesh = pv.Sphere(theta_resolution=12, phi_resolution=8)
     ref = partition_mesh(mesh, 3)
-    data = tg.data.Data(
-        pos=torch.from_numpy(np.asarray(mesh.points)), face=torch.from_numpy(mesh.regular_faces.T)
-    )
+    data = tg.data.Data(pos=torch.from_numpy(np.asarray(mesh.points)), face=torch.from_numpy(mesh.regular_faces.T))
     mp = partition_mesh(data, 3)
     assert torch.equal(mp.cells.owner, ref.cells.owner) and torch.equal(mp.points.owner, ref.points.owner)
     cloud = partition_mesh(tg.data.Data(pos=torch.rand(30, 3)), 3)

@@ -30,12 +30,13 @@ def clouds(draw):
 
 
 @SETTINGS
-@given(clouds(), st.integers(1, 20), st.sampled_from(["rcb", "morton", "hilbert"]))
+@given(clouds(), st.integers(1, 20), st.sampled_from(["rcb", "morton", "hilbert", "rcb-longest"]))
 def test_invariants_hold(cloud, num_parts, method):
     pts, _ = cloud
-    part = partition(pts, num_parts, method=method)
+    kwargs = {"method": "rcb", "axis_rule": "longest"} if method == "rcb-longest" else {"method": method}
+    part = partition(pts, num_parts, **kwargs)
     check_invariants(pts, part)
-    again = partition(pts, num_parts, method=method)
+    again = partition(pts, num_parts, **kwargs)
     assert torch.equal(again.perm, part.perm) and torch.equal(again.regions, part.regions)
 
 

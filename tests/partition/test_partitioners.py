@@ -291,3 +291,27 @@ def test_pyvista_dataset_points_to_partition_mesh():
     pv = pytest.importorskip("pyvista")
     with pytest.raises(TypeError, match="use meshshard.partition.partition_mesh"):
         partition(pv.Sphere(), 2)
+
+
+def test_rcb_cuts_through_the_sparsest_median_plane():
+    # two bands along x (extent 2) separated by a gap in y (extent 1): the longest axis is x, but
+    # the median plane in y crosses the gap, where a cut costs no ghosts
+    gen = torch.Generator().manual_seed(21)
+    pts = torch.rand(2000, 2, generator=gen, dtype=torch.float64) * torch.tensor([2.0, 0.3])
+    pts[1000:, 1] += 0.7
+    part = partition(pts, 2)
+    assert torch.isfinite(part.regions[0, 1]).tolist() == [False, True]
+    assert part.owner.tolist() == [0] * 1000 + [1] * 1000
+    assert 0.3 <= float(part.regions[0, 1, 1]) <= 0.7
+
+
+def test_axis_rule_longest_is_classic_rcb():
+    gen = torch.Generator().manual_seed(21)
+    pts = torch.rand(2000, 2, generator=gen, dtype=torch.float64) * torch.tensor([2.0, 0.3])
+    pts[1000:, 1] += 0.7
+    part = partition(pts, 2, axis_rule="longest")
+    assert torch.isfinite(part.regions[0, 1]).tolist() == [True, False]
+    assert part.params["axis_rule"] == "longest"
+    check_invariants(pts, part)
+    with pytest.raises(ValueError, match=r"axis_rule must be 'density' or 'longest' \(got 'x'\)"):
+        partition(pts, 2, axis_rule="x")
