@@ -126,8 +126,13 @@ class PhysicsAttention(nn.Module):
     def slice_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Soft assignment of each point to the slices: ``(B, N, C)`` -> ``(B, H, N, M)``, rows sum to 1."""
         low, high = self.temperature_range
-        logits = self.in_project_slice(self._split_heads(self.in_project_x(x)))
-        return torch.softmax(logits / self.temperature.clamp(low, high), dim=-1)
+        inv_tau = 1.0 / self.temperature.clamp(low, high)  # (H, 1, 1)
+        # softmax((W_s x + b_s) / tau) with 1/tau folded into a per-head copy of the (small) slice
+        # projection: the (B, H, N, M) logits are then not kept for backward.
+        weight = self.in_project_slice.weight.t() * inv_tau  # (H, D, M)
+        bias = self.in_project_slice.bias * inv_tau  # (H, 1, M)
+        logits = torch.matmul(self._split_heads(self.in_project_x(x)), weight) + bias
+        return torch.softmax(logits, dim=-1)
 
     def point_features(self, x: torch.Tensor) -> torch.Tensor:
         """The per-head features ``f`` that the slices average: ``(B, N, C)`` -> ``(B, H, N, D)``."""
