@@ -229,7 +229,7 @@ def _plot(result: dict, path: Path) -> None:
     ax1.set_xlabel("seconds (log)")
     ax1.set_title(f"signed distance, {sdf[0]['points']:,} points, {sdf[0]['faces']:,} faces")
     rows = result["throughput"]
-    labels = [f"{r['kind']}\n{r['workers']} worker(s), {r['sdf']}" for r in rows]
+    labels = [f"{r['kind']}\n{r['workers']} w, {r['sdf']}" for r in rows]
     ax2.bar(
         labels,
         [r["cells_per_s"] for r in rows],
