@@ -119,6 +119,10 @@ def partition(
 
     **Shapes**: ``points`` ``(N_global, D)``, ``weights`` ``(N_global,)``, ``fractions`` ``(P,)``.
 
+    **Communication**: none. It runs in one process on the global coordinates (any device);
+    because the result is deterministic, every rank may compute it from the same input and get
+    the same partition, or one rank computes it and ``save``/``load`` ships it.
+
     Examples
     --------
     >>> import torch

@@ -102,6 +102,8 @@ def quality(
 
     **Shapes**: ``points`` ``(N_global, D)``; per-part entries ``(P,)``.
 
+    **Communication**: none; a serial diagnostic on CPU (copies ``points`` to host memory).
+
     Examples
     --------
     >>> import torch
