@@ -93,7 +93,8 @@ def _warp_kernel():  # noqa: ANN202
 def _warp_query(vertices: np.ndarray, faces: np.ndarray):  # noqa: ANN202
     import warp as wp
 
-    wp.config.quiet = True
+    wp.config.log_level = getattr(wp, "LOG_WARNING", 30)  # no banner or module-load lines per worker
+    wp.config.quiet = True  # the name of that switch in warp < 1.10
     wp.init()
     kernel = _warp_kernel()
     device = "cuda:0" if wp.is_cuda_available() else "cpu"
