@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -12,6 +13,8 @@ from ..ops.physics_attention import slice_tokens
 from ..tensor import ShardTensor
 
 __all__ = ["PhysicsAttention"]
+
+_INSTANCES = itertools.count()  # default dropout seeds: construction order, the same on every rank
 
 
 def _check_positive_int(value: int, name: str) -> int:
@@ -61,6 +64,9 @@ class PhysicsAttention(nn.Module):
         Number of slices (tokens) ``M``.
     dropout:
         Dropout on the token attention weights and after the output projection.
+    dropout_seed:
+        Seed of the attention-dropout masks (default: this module's construction index in the
+        process, which is the same on every rank when every rank builds the same model).
     eps:
         Added to the global slice-weight sums before normalising the tokens.
     temperature_range:
@@ -68,6 +74,13 @@ class PhysicsAttention(nn.Module):
 
     **Shapes:** ``x`` ``(N, C)`` or ``(B, N, C)`` -> same shape. With a ShardTensor sharded on ``N``
     (dim 0, or 1 with a batch dim), ``N`` is ``N_local`` and the result has the same sharding.
+
+    **Dropout on shards.** The attention among tokens is replicated: every rank must drop the same
+    attention weights, or the ranks' tokens (and gradients) drift apart. Its masks therefore come
+    from a generator private to the module, seeded with ``(dropout_seed, step)`` where ``step``
+    counts training forwards, and not from the global RNG, which ranks advance differently
+    (point-wise dropout draws ``N_local``-dependent numbers). The dropout after ``to_out`` is
+    point-wise and uses the global RNG, as usual.
 
     **Communication** (ShardTensor input): one ``all_reduce`` of ``B * H * M * (D + 1)`` values
     forward, one of the same size backward; none on a plain tensor.
@@ -87,6 +100,7 @@ class PhysicsAttention(nn.Module):
         *,
         eps: float = 1e-5,
         temperature_range: tuple[float, float] = (0.1, 5.0),
+        dropout_seed: int | None = None,
     ) -> None:
         super().__init__()
         _check_positive_int(dim, "dim")
@@ -114,6 +128,8 @@ class PhysicsAttention(nn.Module):
         self.to_k = nn.Linear(dim_head, dim_head, bias=False)
         self.to_v = nn.Linear(dim_head, dim_head, bias=False)
         self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(dropout))
+        self.dropout_seed = next(_INSTANCES) if dropout_seed is None else int(dropout_seed)
+        self._dropout_step = 0
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, dim_head={self.dim_head}, slice_num={self.slice_num}"
@@ -138,19 +154,40 @@ class PhysicsAttention(nn.Module):
         """The per-head features ``f`` that the slices average: ``(B, N, C)`` -> ``(B, H, N, D)``."""
         return self._split_heads(self.in_project_fx(x))
 
-    def attend(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Attention among the slice tokens: ``(B, H, M, D)`` -> ``(B, H, M, D)`` (replicated work)."""
+    def next_dropout_seed(self) -> int | None:
+        """Seed of the next training forward's attention-dropout mask; ``None`` without dropout."""
+        if not (self.training and self.dropout > 0):
+            return None
+        self._dropout_step += 1
+        return (self.dropout_seed * 1_000_003 + self._dropout_step) % 2**63
+
+    def attend(self, tokens: torch.Tensor, dropout_seed: int | None = None) -> torch.Tensor:
+        """Attention among the slice tokens: ``(B, H, M, D)`` -> ``(B, H, M, D)`` (replicated work).
+
+        With ``dropout_seed`` the attention weights are dropped with a mask drawn from a generator
+        seeded with it (identical on every rank); without, no attention dropout.
+        """
         q, k, v = self.to_q(tokens), self.to_k(tokens), self.to_v(tokens)
-        p = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=1.0 / math.sqrt(self.dim_head))
+        scale = 1.0 / math.sqrt(self.dim_head)
+        if dropout_seed is None:
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        attn = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1)
+        gen = torch.Generator(device=attn.device)
+        gen.manual_seed(dropout_seed)
+        keep = torch.rand(attn.shape, generator=gen, device=attn.device, dtype=attn.dtype) >= self.dropout
+        return torch.matmul(attn * keep / (1.0 - self.dropout), v)
 
     def deslice(self, tokens: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Broadcast attended tokens back to the points and project: -> ``(B, N, C)`` (local)."""
         out = torch.matmul(weights, tokens)  # (B, H, N, D): sum_g w_ng z'_g
         return self.to_out(out.transpose(-3, -2).flatten(-2))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply physics attention to ``x`` of shape ``(N, C)`` or ``(B, N, C)``."""
+    def forward(self, x: torch.Tensor, dropout_seed: int | None = None) -> torch.Tensor:
+        """Apply physics attention to ``x`` of shape ``(N, C)`` or ``(B, N, C)``.
+
+        ``dropout_seed`` fixes the attention-dropout mask (used by checkpointed blocks so that the
+        recomputation draws the same mask); by default the next one is drawn.
+        """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"Expected 'x' to be a torch.Tensor (got {type(x).__name__})")
         if x.dim() not in (2, 3) or x.shape[-1] != self.dim:
@@ -167,5 +204,7 @@ class PhysicsAttention(nn.Module):
             x = x.unsqueeze(0)
         w = self.slice_weights(x)
         z = slice_tokens(w, self.point_features(x), self.eps)  # the only collective
-        y = self.deslice(self.attend(z), w)
+        if dropout_seed is None:
+            dropout_seed = self.next_dropout_seed()
+        y = self.deslice(self.attend(z, dropout_seed), w)
         return y.squeeze(0) if unbatched else y

@@ -77,22 +77,24 @@ class TransolverBlock(nn.Module):
         self.ln_2 = nn.LayerNorm(dim)
         self.mlp = _mlp(dim, int(round(dim * mlp_ratio)), dim)
 
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def _forward(self, x: torch.Tensor, dropout_seed: int | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), dropout_seed)
         return x + self.mlp(self.ln_2(x))
 
-    def _recompute(self, x: torch.Tensor) -> torch.Tensor:
+    def _recompute(self, x: torch.Tensor, dropout_seed: int | None) -> torch.Tensor:
         # ``loss.backward()`` on a ShardTensor/ReplicatedTensor runs autograd with subclass
         # ``__torch_function__`` disabled, and the engine carries that state into the
         # recomputation; without re-enabling it the recomputed block would see plain local tensors
         # and skip its all-reduce (wrong gradients on more than one rank).
         with _torch_function_enabled():
-            return self._forward(x)
+            return self._forward(x, dropout_seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # drawn outside the checkpoint so that the recomputation uses the same attention mask
+        seed = self.attn.next_dropout_seed()
         if self.checkpoint and torch.is_grad_enabled():
-            return _checkpoint(self._recompute, x, use_reentrant=False)
-        return self._forward(x)
+            return _checkpoint(self._recompute, x, seed, use_reentrant=False)
+        return self._forward(x, seed)
 
 
 class Transolver(nn.Module):

@@ -100,6 +100,32 @@ def test_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(a, b, **TOL)
 
 
+def _dropout_model(checkpoint: bool = False) -> Transolver:
+    """Attention dropout on (fixed seeds); the point-wise dropout after ``to_out`` off."""
+    model = _model(dropout=0.3, checkpoint=checkpoint).train()
+    for i, block in enumerate(model.blocks):
+        block.attn.dropout_seed = 100 + i
+        block.attn.to_out[1].p = 0.0
+    return model
+
+
+def test_attention_dropout_is_seeded_and_survives_checkpointing():
+    x = _inputs(1, 19)
+    runs = []
+    for ckpt in (False, True):
+        model = _dropout_model(ckpt)
+        y = model(x)
+        y.pow(2).mean().backward()
+        runs.append((y.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(runs[0][0], runs[1][0], **TOL)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, **TOL)
+    model = _dropout_model()
+    assert not torch.allclose(model(x), model(x))  # a new mask every step
+    model.eval()
+    torch.testing.assert_close(model(x), model(x))
+
+
 # -- sharded: every output, parameter gradient and input gradient equals the serial model -----------
 def _serial(model, g, loss_fn):
     ref_x = g.clone().requires_grad_()
@@ -160,6 +186,29 @@ def test_checkpointed_blocks_on_shards(world_size):
     layers = CONFIG["n_layers"]
     # the recomputed forward of each block all-reduces again during backward, on every rank alike
     assert counts == [(layers, 2 * layers + 1)] * world_size
+
+
+def _sharded_dropout(sizes):
+    """Attention-dropout masks agree across ranks, so sharded training equals serial with dropout."""
+    mesh = ms.init_mesh()
+    g = _inputs(2, sum(sizes))
+    reference, sharded = _dropout_model(), _dropout_model()
+    ref_y, ref_grads, ref_xgrad = _serial(reference, g, _mse)
+    rank = dist.get_rank()
+    off = sum(sizes[:rank])
+    leaf = g.narrow(1, off, sizes[rank]).clone().requires_grad_()
+    y = sharded(ms.ShardTensor.from_local(leaf, mesh, sizes, dim=1))
+    torch.testing.assert_close(y.full_tensor().to_plain(), ref_y, **TOL)
+    _mse(y).backward()
+    ms.nn.sync_gradients(sharded, mesh)
+    for k, p in sharded.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[k], **TOL, msg=k)
+    torch.testing.assert_close(leaf.grad, ref_xgrad.narrow(1, off, sizes[rank]), **TOL)
+    return True
+
+
+def test_sharded_attention_dropout_equals_serial():
+    assert run_distributed(_sharded_dropout, 2, SIZES[2]) == [True, True]
 
 
 def _one_all_reduce_per_layer(sizes, n_layers):
