@@ -136,7 +136,7 @@ def partition(
             "points is a pyvista/VTK dataset; use meshshard.partition.partition_mesh(mesh, num_parts) "
             "to partition its cells (or pass mesh.points to partition the points)"
         )
-    pts = as_points(points)
+    pts = as_points(points).detach()
     num_parts = check_num_parts(num_parts)
     method = check_method(method)
     num_points, dim = pts.shape

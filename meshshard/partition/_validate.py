@@ -97,7 +97,7 @@ def check_weights(weights: Any, num_points: int, device: torch.device) -> torch.
         raise TypeError(f"weights must hold real numbers (got {w.dtype})")
     if w.ndim != 1 or w.shape[0] != num_points:
         raise ValueError(f"weights must have shape ({num_points},) like points (got {tuple(w.shape)})")
-    w = w.to(device=device, dtype=torch.float64)
+    w = w.detach().to(device=device, dtype=torch.float64)
     if not bool(torch.isfinite(w).all()):
         raise ValueError(f"weights must be finite (found {int((~torch.isfinite(w)).sum())} NaN/Inf values)")
     if bool((w < 0).any()):

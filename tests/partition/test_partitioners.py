@@ -315,3 +315,9 @@ def test_axis_rule_longest_is_classic_rcb():
     check_invariants(pts, part)
     with pytest.raises(ValueError, match=r"axis_rule must be 'density' or 'longest' \(got 'x'\)"):
         partition(pts, 2, axis_rule="x")
+
+
+def test_points_requiring_grad_are_detached():
+    pts = torch.rand(50, 3, generator=torch.Generator().manual_seed(22)).requires_grad_()
+    part = partition(pts, 3, weights=torch.ones(50, requires_grad=True))
+    assert not part.boxes.requires_grad and not part.regions.requires_grad
