@@ -23,7 +23,7 @@ import torch
 from ..errors import ShardingError
 from ..halo import HaloPlan, check_radius
 from ..tensor import ShardSpec, ShardTensor
-from ._kernels import check_backend, knn_bound, radius_pairs, select_rows
+from ._kernels import check_backend, knn_bound, nearest_neighbors
 
 __all__ = ["Neighbors", "ball_query", "knn"]
 
@@ -113,8 +113,7 @@ def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Te
     queries = _check_coords(queries, "queries")
     if queries.shape[1] != points.shape[1]:
         raise ValueError(
-            "points and queries must have the same dimension D "
-            f"(got {points.shape[1]} and {queries.shape[1]})"
+            f"points and queries must have the same dimension D (got {points.shape[1]} and {queries.shape[1]})"
         )
     p_sharded, q_sharded = isinstance(points, ShardTensor), isinstance(queries, ShardTensor)
     if p_sharded != q_sharded:
@@ -130,9 +129,7 @@ def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Te
                 f"(got mesh {ps.mesh_id} axis {ps.mesh_dim} and mesh {qs.mesh_id} axis {qs.mesh_dim})"
             )
     if points.device != queries.device:
-        raise ValueError(
-            f"points and queries must be on one device (got {points.device} and {queries.device})"
-        )
+        raise ValueError(f"points and queries must be on one device (got {points.device} and {queries.device})")
     return points, queries, False
 
 
@@ -219,9 +216,7 @@ def ball_query(
     backend = check_backend(backend, points.device)
     local_points, local_queries = _local(points), _local(queries)
     if plan is None:
-        plan = HaloPlan.build(
-            points, radius, None if self_query else queries, regions=regions, backend=backend
-        )
+        plan = HaloPlan.build(points, radius, None if self_query else queries, regions=regions, backend=backend)
     else:
         if not isinstance(plan, HaloPlan):
             raise TypeError(f"plan must be a HaloPlan (got {type(plan).__name__})")
@@ -231,15 +226,18 @@ def ball_query(
                 f"(got a plan for {plan.num_owned} points with radius {plan.radius})"
             )
     ext_points = (
-        torch.cat([local_points, plan.ghost_points.to(local_points.device)])
-        if plan.num_ghosts
-        else local_points
-    )
-    qi, pj, d2 = radius_pairs(
-        ext_points, local_queries, radius * radius, backend=backend, queries_are_prefix=self_query
+        torch.cat([local_points, plan.ghost_points.to(local_points.device)]) if plan.num_ghosts else local_points
     )
     gidx = plan.extended_global_index.to(points.device) if plan.group is not None else None
-    index, count, dist2 = select_rows(qi, pj, d2, gidx, local_queries.shape[0], max_neighbors)
+    index, count, dist2 = nearest_neighbors(
+        ext_points,
+        local_queries,
+        max_neighbors,
+        radius * radius,
+        point_gidx=gidx,
+        backend=backend,
+        queries_are_prefix=self_query,
+    )
     return _finish(index, count, dist2, plan, queries, points.dtype, return_distances)
 
 
@@ -288,7 +286,5 @@ def knn(
     else:
         plan = HaloPlan._build(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)
         ext_points, gidx = local_points, None
-    bound = knn_bound(ext_points, local_queries, k, backend=backend, strict=False)
-    qi, pj, d2 = radius_pairs(ext_points, local_queries, bound, backend=backend)
-    index, count, dist2 = select_rows(qi, pj, d2, gidx, local_queries.shape[0], k)
+    index, count, dist2 = nearest_neighbors(ext_points, local_queries, k, point_gidx=gidx, backend=backend)
     return _finish(index, count, dist2, plan, queries, points.dtype, return_distances)

@@ -101,6 +101,20 @@ def test_backends_match_reference(backend):
     assert knn(pts, q, 9, backend=backend).index.tolist() == reference(pts, q, k=9).tolist()
 
 
+@pytest.mark.parametrize("backend", ["scipy", "grid"])
+def test_random_cloud_matches_reference(backend):
+    # Generic float coordinates (few exact ties): exercises the fast paths rather than the tie fix-ups.
+    g = torch.Generator().manual_seed(11)
+    pts, q = torch.rand(400, 3, generator=g), torch.rand(70, 3, generator=g)
+    assert knn(pts, q, 8, backend=backend).index.tolist() == reference(pts, q, k=8).tolist()
+    assert knn(pts, None, 3, backend=backend).index.tolist() == reference(pts, pts, k=3).tolist()
+    got = ball_query(pts, None, 0.15, 6, backend=backend, return_distances=True)
+    want = reference(pts, pts, radius=0.15, k=6)
+    assert got.index.tolist() == want.tolist()
+    ref_d = torch.where(got.index >= 0, (pts[got.index.clamp(min=0)] - pts[:, None]).double().norm(dim=-1), torch.inf)
+    torch.testing.assert_close(got.distances.double(), ref_d, rtol=1e-6, atol=1e-7)
+
+
 def test_grid_kernel_chunks_agree():
     from meshshard.ops._kernels._grid import grid_radius_candidates
 
@@ -110,9 +124,7 @@ def test_grid_kernel_chunks_agree():
     assert len(whole) == 1 and len(parts) > 3
 
     def pairs(chunks):
-        return sorted(
-            zip(torch.cat([c[0] for c in chunks]).tolist(), torch.cat([c[1] for c in chunks]).tolist())
-        )
+        return sorted(zip(torch.cat([c[0] for c in chunks]).tolist(), torch.cat([c[1] for c in chunks]).tolist()))
 
     assert pairs(whole) == pairs(parts)
 

@@ -9,11 +9,13 @@ truncates them the same way (distance, then global index).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._common import pair_d2, select_rows, sq_dist
 from ._grid import grid_radius_candidates
-from ._scipy import scipy_knn_candidates, scipy_radius_candidates
+from ._scipy import scipy_knn_candidates, scipy_query, scipy_radius_candidates, scipy_tree
 from ._torch_cluster import available as torch_cluster_available
 from ._torch_cluster import cluster_radius_candidates
 
@@ -21,6 +23,7 @@ __all__ = [
     "BACKENDS",
     "default_backend",
     "knn_bound",
+    "nearest_neighbors",
     "pair_d2",
     "radius_pairs",
     "select_rows",
@@ -32,6 +35,11 @@ BACKENDS = ("scipy", "grid", "torch_cluster")
 
 #: Elements of a brute-force distance block in :func:`knn_bound` on the torch path.
 _BRUTE_BLOCK = 1 << 23
+#: Entries of one block of ``(queries, neighbours)`` in the scipy path of :func:`nearest_neighbors`.
+_QUERY_BLOCK = 1 << 21
+#: scipy's distances and ours differ by a few ulps: a margin far above that decides certainty.
+_CERTAIN = 1 - 1e-9
+_NO_INDEX = torch.iinfo(torch.long).max
 
 
 def default_backend(device: torch.device) -> str:
@@ -84,8 +92,10 @@ def radius_pairs(
     backend = check_backend(backend, device)
     if points.shape[0] == 0 or queries.shape[0] == 0:
         return _empty(device)
+    if backend == "scipy" and queries_are_prefix and not isinstance(r2, torch.Tensor):
+        return _symmetric_pairs(points, queries.shape[0], r2)
     if backend == "scipy":
-        chunks = [scipy_radius_candidates(points, queries, r2, queries_are_prefix)]
+        chunks = [scipy_radius_candidates(points, queries, r2, False)]
     elif backend == "grid":
         chunks = grid_radius_candidates(points, queries, r2)
     else:
@@ -94,15 +104,42 @@ def radius_pairs(
     for qi, pj in chunks:
         d2 = pair_d2(points, queries, qi, pj)
         bound = r2.index_select(0, qi) if isinstance(r2, torch.Tensor) else r2
-        ok = d2 <= bound
-        out_q.append(qi[ok])
-        out_p.append(pj[ok])
-        out_d.append(d2[ok])
+        qi, pj, d2 = _keep(d2 <= bound, qi, pj, d2)
+        out_q.append(qi)
+        out_p.append(pj)
+        out_d.append(d2)
     if not out_q:
         return _empty(device)
     if len(out_q) == 1:
         return out_q[0], out_p[0], out_d[0]
     return torch.cat(out_q), torch.cat(out_p), torch.cat(out_d)
+
+
+def _keep(ok: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if bool(ok.all()):  # the usual case: the inflation admitted no extra pair
+        return tensors
+    rows = ok.nonzero().flatten()
+    return tuple(t.index_select(0, rows) for t in tensors)
+
+
+def _symmetric_pairs(
+    points: torch.Tensor, num_queries: int, r2: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Self query of the first ``num_queries`` points: each unordered pair is measured once.
+
+    ``sq_dist`` is symmetric bit for bit (``(a - b)^2 == (b - a)^2``), so the pair's distance
+    serves both directions.
+    """
+    a, b = scipy_radius_candidates(points, points[:num_queries], r2, True)
+    d2 = pair_d2(points, points, a, b)
+    a, b, d2 = _keep(d2 <= r2, a, b, d2)
+    back = (b < num_queries).nonzero().flatten() if num_queries < points.shape[0] else None
+    ba, bb, bd = (
+        (b, a, d2) if back is None else (b.index_select(0, back), a.index_select(0, back), d2.index_select(0, back))
+    )
+    diag = torch.arange(num_queries, device=points.device)
+    zero = torch.zeros(num_queries, dtype=torch.float64, device=points.device)
+    return torch.cat([a, ba, diag]), torch.cat([b, bb, diag]), torch.cat([d2, bd, zero])
 
 
 def knn_bound(
@@ -133,3 +170,105 @@ def knn_bound(
         d2 = sq_dist(queries[a : a + step, None, :], points[None, :, :])
         out.append(torch.topk(d2, k, dim=1, largest=False).values[:, -1])
     return torch.cat(out)
+
+
+def nearest_neighbors(
+    points: torch.Tensor,
+    queries: torch.Tensor,
+    k: int,
+    r2: float | None = None,
+    *,
+    point_gidx: torch.Tensor | None = None,
+    backend: str | None = None,
+    queries_are_prefix: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query, the first ``k`` points in (distance, global index) order, within ``r2`` if given.
+
+    Exact on every backend: the result is what :func:`radius_pairs` followed by
+    :func:`select_rows` gives. ``r2=None`` is k nearest neighbours.
+
+    A ball (``r2`` given) collects all pairs (scipy: dual-tree traversal), then sorts them with
+    one composite-key sort. For kNN, the scipy backend avoids materialising all pairs:
+    ``cKDTree.query`` returns a few more than
+    ``k`` neighbours per query (multithreaded), rows are re-ordered with the exact float64 distance
+    and global index, and a row is accepted only if its ``k``-th exact distance is clearly below
+    the farthest one scipy returned (so no point left out can tie or beat it). The few other rows
+    (exact ties beyond the buffer, e.g. many duplicate points) are redone exactly with all pairs.
+
+    Returns ``(index, count, dist2)`` as :func:`select_rows`.
+    """
+    device = points.device
+    n, m = points.shape[0], queries.shape[0]
+    backend = check_backend(backend, device)
+    if n == 0 or m == 0:
+        return (
+            torch.full((m, k), -1, dtype=torch.long, device=device),
+            torch.zeros(m, dtype=torch.long, device=device),
+            torch.full((m, k), torch.inf, dtype=torch.float64, device=device),
+        )
+    if backend != "scipy" or r2 is not None:
+        bound = knn_bound(points, queries, k, backend=backend, strict=False) if r2 is None else r2
+        qi, pj, d2 = radius_pairs(points, queries, bound, backend=backend, queries_are_prefix=queries_are_prefix)
+        return select_rows(qi, pj, d2, point_gidx, m, k)
+    cpu = torch.device("cpu")
+    gidx = None if point_gidx is None else point_gidx.to(cpu)
+    out = _scipy_nearest(points.detach().to(cpu), queries.detach().to(cpu), k, r2, gidx)
+    return tuple(t.to(device) for t in out)
+
+
+def _sort_rows(d2: torch.Tensor, g: torch.Tensor, idx: torch.Tensor) -> None:
+    """Sort (in place) the rows of ``(d2, g)`` that are not already in lexicographic order."""
+    bad = ((d2[:, 1:] < d2[:, :-1]) | ((d2[:, 1:] == d2[:, :-1]) & (g[:, 1:] < g[:, :-1]))).any(1)
+    rows = bad.nonzero().flatten()
+    if rows.numel() == 0:
+        return
+    sd, sg, si = d2[rows], g[rows], idx[rows]
+    order = torch.argsort(sg, dim=1, stable=True)
+    sd, sg, si = sd.gather(1, order), sg.gather(1, order), si.gather(1, order)
+    order = torch.argsort(sd, dim=1, stable=True)
+    d2[rows], g[rows], idx[rows] = sd.gather(1, order), sg.gather(1, order), si.gather(1, order)
+
+
+def _scipy_nearest(
+    points: torch.Tensor,
+    queries: torch.Tensor,
+    k: int,
+    r2: float | None,
+    point_gidx: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, m = points.shape[0], queries.shape[0]
+    kq = min(n, k + max(4, k // 4))
+    width = min(k, kq)
+    tree = scipy_tree(points)
+    radius = None if r2 is None else math.sqrt(r2)
+    workers = max(1, torch.get_num_threads())
+    index = torch.full((m, k), -1, dtype=torch.long)
+    dist2 = torch.full((m, k), torch.inf, dtype=torch.float64)
+    unsure_rows, unsure_r2 = [], []
+    step = max(1, _QUERY_BLOCK // kq)
+    for a in range(0, m, step):
+        q = queries[a : a + step]
+        ds, idx = scipy_query(tree, q, kq, radius, workers)
+        valid = idx < n
+        idx = torch.where(valid, idx, 0)
+        d2 = sq_dist(q[:, None, :], points[idx])
+        ok = valid if r2 is None else valid & (d2 <= r2)
+        d2 = d2.masked_fill(~ok, torch.inf)
+        g = (idx if point_gidx is None else point_gidx[idx]).masked_fill(~ok, _NO_INDEX)
+        _sort_rows(d2, g, idx)
+        kth = d2[:, k - 1] if kq >= k else torch.full((q.shape[0],), torch.inf, dtype=torch.float64)
+        if kq < n:
+            # scipy filled every slot: a point it left out is at least as far as its last one.
+            unsure = valid[:, -1] & ~(kth < ds[:, -1] * ds[:, -1] * _CERTAIN)
+            rows = unsure.nonzero().flatten()
+            if rows.numel():
+                unsure_rows.append(rows + a)
+                unsure_r2.append(kth[rows] if r2 is None else kth[rows].clamp(max=r2))
+        found = torch.isfinite(d2[:, :width])
+        index[a : a + step, :width] = torch.where(found, idx[:, :width], -1)
+        dist2[a : a + step, :width] = d2[:, :width]
+    if unsure_rows:
+        rows, bound = torch.cat(unsure_rows), torch.cat(unsure_r2)
+        qi, pj, d2 = radius_pairs(points, queries[rows], bound, backend="scipy")
+        index[rows], _, dist2[rows] = select_rows(qi, pj, d2, point_gidx, rows.numel(), k)
+    return index, (index >= 0).sum(1), dist2

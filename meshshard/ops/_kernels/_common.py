@@ -39,10 +39,41 @@ def pair_d2(points: torch.Tensor, queries: torch.Tensor, qi: torch.Tensor, pj: t
 
 
 def lexsort_pairs(qi: torch.Tensor, d2: torch.Tensor, gj: torch.Tensor) -> torch.Tensor:
-    """Permutation that sorts pairs by query, then distance, then global point index."""
-    order = torch.argsort(gj, stable=True)
-    order = order[torch.argsort(d2[order], stable=True)]
-    return order[torch.argsort(qi[order], stable=True)]
+    """Permutation that sorts pairs by query, then distance, then global point index.
+
+    One ``int64`` sort of a composite key (query in the high bits, the distance quantised
+    monotonically in the low bits), then an exact three-key sort of only the pairs whose keys
+    collide (equal or nearly equal distances: duplicates, lattice ties). Same result as three
+    stable sorts, at the cost of one.
+    """
+    num = qi.numel()
+    if num == 0:
+        return torch.zeros(0, dtype=torch.long, device=qi.device)
+    q_bits = max(1, int(qi.max()).bit_length())
+    d_bits = min(52, 62 - q_bits)
+    if d_bits < 8:  # astronomically many queries: fall back to three stable sorts
+        return _lexsort3(qi, d2, gj)
+    top = float(d2.max())
+    scale = (2.0**d_bits - 1) / top if top > 0 else 0.0
+    quant = torch.floor(d2 * scale).long().clamp_(0, 2**d_bits - 1)  # monotone in d2
+    key = (qi << d_bits) | quant
+    sorted_key, order = torch.sort(key)
+    same = sorted_key[1:] == sorted_key[:-1]
+    if bool(same.any()):
+        in_run = torch.zeros(num, dtype=torch.bool, device=qi.device)
+        in_run[1:] |= same
+        in_run[:-1] |= same
+        pos = in_run.nonzero().flatten()
+        sub = order.index_select(0, pos)
+        fixed = _lexsort3(sorted_key.index_select(0, pos), d2.index_select(0, sub), gj.index_select(0, sub))
+        order.index_copy_(0, pos, sub.index_select(0, fixed))
+    return order
+
+
+def _lexsort3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    order = torch.argsort(c, stable=True)
+    order = order[torch.argsort(b[order], stable=True)]
+    return order[torch.argsort(a[order], stable=True)]
 
 
 def select_rows(
@@ -73,14 +104,18 @@ def select_rows(
     device = qi.device
     gj = pj if point_gidx is None else point_gidx.index_select(0, pj)
     order = lexsort_pairs(qi, d2, gj)
-    qi, pj, d2 = qi[order], pj[order], d2[order]
+    qi, pj, d2 = qi.index_select(0, order), pj.index_select(0, order), d2.index_select(0, order)
     per_query = torch.bincount(qi, minlength=num_queries)
     starts = torch.cumsum(per_query, 0) - per_query
     rank = torch.arange(qi.numel(), device=device) - starts.index_select(0, qi)
-    keep = rank < max_neighbors
-    qi, pj, d2, rank = qi[keep], pj[keep], d2[keep], rank[keep]
-    index = torch.full((num_queries, max_neighbors), -1, dtype=torch.long, device=device)
-    dist2 = torch.full((num_queries, max_neighbors), torch.inf, dtype=torch.float64, device=device)
-    index[qi, rank] = pj
-    dist2[qi, rank] = d2
-    return index, per_query.clamp(max=max_neighbors), dist2
+    keep = (rank < max_neighbors).nonzero().flatten()
+    slot = qi.index_select(0, keep) * max_neighbors + rank.index_select(0, keep)
+    index = torch.full((num_queries * max_neighbors,), -1, dtype=torch.long, device=device)
+    dist2 = torch.full((num_queries * max_neighbors,), torch.inf, dtype=torch.float64, device=device)
+    index.index_copy_(0, slot, pj.index_select(0, keep))
+    dist2.index_copy_(0, slot, d2.index_select(0, keep))
+    return (
+        index.view(num_queries, max_neighbors),
+        per_query.clamp(max=max_neighbors),
+        dist2.view(num_queries, max_neighbors),
+    )

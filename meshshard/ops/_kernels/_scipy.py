@@ -7,7 +7,7 @@ import torch
 
 from ._common import INFLATE
 
-__all__ = ["scipy_radius_candidates", "scipy_knn_candidates"]
+__all__ = ["scipy_knn_candidates", "scipy_query", "scipy_radius_candidates", "scipy_tree"]
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -19,8 +19,10 @@ def scipy_radius_candidates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate ``(query_row, point_row)`` pairs: a superset of the pairs with ``d2 <= r2``.
 
-    A scalar radius uses the dual-tree ``query_pairs`` (when the queries are the first rows of the
-    points) or ``sparse_distance_matrix``; per-query radii use ``query_ball_point``.
+    A scalar radius uses the dual-tree ``sparse_distance_matrix``; per-query radii use
+    ``query_ball_point``. When the queries are the first ``M`` rows of the points, the dual-tree
+    ``query_pairs`` returns each unordered pair once: ``(a, b)`` with ``a < b`` and ``a < M``,
+    without the pairs ``(i, i)``; the caller symmetrises them (see ``radius_pairs``).
     """
     from scipy.spatial import cKDTree
 
@@ -37,14 +39,14 @@ def scipy_radius_candidates(
     else:
         radius = float(np.sqrt(r2)) * (1 + INFLATE)
         if queries_are_prefix:
-            m = queries.shape[0]
+            m, n = queries.shape[0], points.shape[0]
             pairs = tree.query_pairs(radius, output_type="ndarray").astype(np.int64, copy=False)
             a, b = pairs[:, 0], pairs[:, 1]  # a < b
-            fwd = a < m
-            bwd = b < m
-            diag = np.arange(m, dtype=np.int64)
-            qi = np.concatenate([a[fwd], b[bwd], diag])
-            pj = np.concatenate([b[fwd], a[bwd], diag])
+            if m < n:  # only the first m points are queries; a < b, so b < m implies a < m
+                fwd = a < m
+                a, b = a[fwd], b[fwd]
+            device = points.device
+            return torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)
         else:
             out = tree.sparse_distance_matrix(cKDTree(_np(queries)), radius, output_type="ndarray")
             pj, qi = out["i"].astype(np.int64), out["j"].astype(np.int64)
@@ -59,3 +61,25 @@ def scipy_knn_candidates(points: torch.Tensor, queries: torch.Tensor, k: int) ->
     _, idx = cKDTree(_np(points)).query(_np(queries), k=k)
     idx = np.asarray(idx, dtype=np.int64).reshape(queries.shape[0], k)
     return torch.from_numpy(idx).to(points.device)
+
+
+def scipy_tree(points: torch.Tensor):
+    """A ``cKDTree`` over ``points`` (float64 copy)."""
+    from scipy.spatial import cKDTree
+
+    return cKDTree(_np(points))
+
+
+def scipy_query(
+    tree, queries: torch.Tensor, k: int, radius: float | None, workers: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cKDTree.query``: the ``k`` nearest (by scipy's own rounding) within ``radius`` (inflated).
+
+    Returns ``(dist, index)`` ``(M, k)``: float64 distances (``inf`` and index ``N`` when missing).
+    """
+    bound = np.inf if radius is None else radius * (1 + INFLATE)
+    dist, idx = tree.query(_np(queries), k=k, distance_upper_bound=bound, workers=workers)
+    m = queries.shape[0]
+    dist = np.asarray(dist, dtype=np.float64).reshape(m, k)
+    idx = np.asarray(idx, dtype=np.int64).reshape(m, k)
+    return torch.from_numpy(dist), torch.from_numpy(idx)
