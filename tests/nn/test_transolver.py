@@ -207,6 +207,21 @@ def _sharded_dropout(sizes):
     return True
 
 
+def _sharded_on_the_batch_dim():
+    mesh = ms.init_mesh()
+    x = ms.ShardTensor.from_local(torch.randn(2, 5, 3), mesh, [2], dim=0)
+    try:
+        _model()(x)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_input_sharded_on_another_dim_than_the_points_raises():
+    (msg,) = run_distributed(_sharded_on_the_batch_dim, 1)
+    assert msg == "x must be sharded on the point dim 1 (got shard dim 0)"
+
+
 def test_sharded_attention_dropout_equals_serial():
     assert run_distributed(_sharded_dropout, 2, SIZES[2]) == [True, True]
 
