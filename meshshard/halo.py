@@ -89,16 +89,33 @@ def _candidates(points: torch.Tensor, boxes: torch.Tensor, rank: int) -> tuple[t
 
 
 def _keep_mask(
-    queries: torch.Tensor, r2: float | torch.Tensor, candidates: torch.Tensor, backend: str | None
+    queries: torch.Tensor,
+    r2: float | torch.Tensor,
+    candidates: torch.Tensor,
+    segments: Sequence[int],
+    backend: str | None,
 ) -> torch.Tensor:
-    """Which candidate points lie within the radius of at least one query (exact)."""
+    """Which candidate points lie within the radius of at least one query (exact).
+
+    ``segments`` are the candidates' counts per source rank: only the queries near the bounding
+    box of some source's candidates (the boundary layer) enter the exact search.
+    """
     keep = torch.zeros(candidates.shape[0], dtype=torch.bool, device=candidates.device)
     if candidates.shape[0] == 0 or queries.shape[0] == 0:
         return keep
     if isinstance(r2, torch.Tensor) and bool(torch.isinf(r2).any()):
         keep[:] = True  # a query without a finite bound needs every point
         return keep
-    _, pj, _ = radius_pairs(candidates, queries.to(candidates.device), r2, backend=backend)
+    queries = queries.to(candidates.device)
+    dim = queries.shape[1]
+    boxes = torch.stack([_query_box(part, 0.0) for part in candidates.split(list(segments)) if part.shape[0]])
+    near = _box_d2(queries, boxes[:, :dim], boxes[:, dim : 2 * dim])
+    bound = r2[:, None] if isinstance(r2, torch.Tensor) else r2
+    rows = (near <= bound).any(1).nonzero().flatten()
+    if rows.numel() == 0:
+        return keep
+    r2_rows = r2.index_select(0, rows) if isinstance(r2, torch.Tensor) else r2
+    _, pj, _ = radius_pairs(candidates, queries.index_select(0, rows), r2_rows, backend=backend)
     keep[pj] = True
     return keep
 
@@ -266,7 +283,7 @@ class HaloPlan:
             1,
         )
         incoming = comm.all_to_all(payload, send_c, recv_c, group)
-        keep = _keep_mask(local_queries, r2, incoming[:, :dim], backend)
+        keep = _keep_mask(local_queries, r2, incoming[:, :dim], recv_c, backend)
         kept_back = comm.all_to_all(keep, recv_c, send_c, group)
         send_counts = _segment_sums(kept_back, send_c)
         recv_counts = _segment_sums(keep, recv_c)
@@ -411,9 +428,7 @@ def simulate_halo(
         queries_per_rank = points_per_rank
     world = len(points_per_rank)
     if len(queries_per_rank) != world:
-        raise ValueError(
-            f"queries_per_rank must have one entry per rank ({world}) (got {len(queries_per_rank)})"
-        )
+        raise ValueError(f"queries_per_rank must have one entry per rank ({world}) (got {len(queries_per_rank)})")
     if world == 0:
         raise ValueError("points_per_rank must hold at least one rank's points (got an empty list)")
     dim = points_per_rank[0].shape[1]
@@ -430,9 +445,12 @@ def simulate_halo(
         for r in range(world):
             incoming[r].append(pts.index_select(0, local[dest == r]))
     for r in range(world):
-        for s in range(world):
-            if incoming[r][s].shape[0]:
-                send[s][r] = int(_keep_mask(queries_per_rank[r], r2, incoming[r][s], backend).sum())
+        sizes = [int(t.shape[0]) for t in incoming[r]]
+        if sum(sizes) == 0:
+            continue
+        keep = _keep_mask(queries_per_rank[r], r2, torch.cat(incoming[r]), sizes, backend)
+        for s, kept in enumerate(_segment_sums(keep, sizes)):
+            send[s][r] = kept
     num_sent = [sum(row) for row in send]
     num_ghosts = [sum(send[s][r] for s in range(world)) for r in range(world)]
     num_owned = [int(p.shape[0]) for p in points_per_rank]
