@@ -115,6 +115,17 @@ def test_random_cloud_matches_reference(backend):
     torch.testing.assert_close(got.distances.double(), ref_d, rtol=1e-6, atol=1e-7)
 
 
+def test_grid_knn_bound_equals_brute_force():
+    from meshshard.ops._kernels import _grid_knn_bound, knn_bound
+
+    g = torch.Generator().manual_seed(5)
+    pts = torch.rand(600, 3, generator=g)
+    pts[:200, 2] = 0.0  # a flat patch: the density estimate is off, the radius doubles
+    q = torch.rand(90, 3, generator=g) * 1.5
+    for k in (1, 7, 50):
+        assert torch.equal(_grid_knn_bound(pts, q, k), knn_bound(pts, q, k, backend="grid"))
+
+
 def test_grid_kernel_chunks_agree():
     from meshshard.ops._kernels._grid import grid_radius_candidates
 

@@ -164,12 +164,36 @@ def knn_bound(
     if backend == "scipy":
         idx = scipy_knn_candidates(points, queries, k)
         return sq_dist(queries[:, None, :], points[idx]).max(1).values
+    if n * m > _BRUTE_BLOCK * 8:
+        return _grid_knn_bound(points, queries, k)
     step = max(1, _BRUTE_BLOCK // max(n, 1))
     out = []
     for a in range(0, m, step):
         d2 = sq_dist(queries[a : a + step, None, :], points[None, :, :])
         out.append(torch.topk(d2, k, dim=1, largest=False).values[:, -1])
     return torch.cat(out)
+
+
+def _grid_knn_bound(points: torch.Tensor, queries: torch.Tensor, k: int) -> torch.Tensor:
+    """k-th nearest squared distance with the cell list: a radius from the mean density, doubled
+    for the queries that found fewer than ``k`` points (terminates once it spans the cloud)."""
+    n, m, dim = points.shape[0], queries.shape[0], points.shape[1]
+    p = points.detach().to(torch.float64)
+    q = queries.detach().to(torch.float64)
+    extent = torch.maximum(p.max(0).values, q.max(0).values) - torch.minimum(p.min(0).values, q.min(0).values)
+    diameter = float(extent.norm())
+    volume = float(extent.clamp(min=diameter * 1e-3 + 1e-300).prod())
+    radius = max((k / n * volume) ** (1.0 / dim), diameter * 1e-6, 1e-300)
+    bound = torch.full((m,), torch.inf, dtype=torch.float64, device=points.device)
+    todo = torch.arange(m, device=points.device)
+    while todo.numel():
+        qi, pj, d2 = radius_pairs(points, queries.index_select(0, todo), radius * radius, backend="grid")
+        _, count, dist2 = select_rows(qi, pj, d2, None, todo.numel(), k)
+        done = count >= k
+        bound[todo[done]] = dist2[done, k - 1]
+        todo = todo[~done]
+        radius *= 2.0
+    return bound
 
 
 def nearest_neighbors(
