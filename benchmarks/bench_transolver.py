@@ -194,6 +194,7 @@ def main(quick: bool = False) -> dict:
     configs = [("P=1", 1, False), ("P=2", 2, False), ("P=4", 4, False), ("P=1 ckpt", 1, True)]
     rows = []
     for label, world, ckpt in configs:
+        load_before = os.getloadavg()[0]
         ranks = _run(world, "_train_rank", n, steps, ckpt)
         rows.append({
             "label": label,
@@ -203,7 +204,7 @@ def main(quick: bool = False) -> dict:
             "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
             "step_s": max(r["step_s"] for r in ranks),
             "cpu_s": max(r["cpu_s"] for r in ranks),
-            "load_avg_1min": os.getloadavg()[0],
+            "load_avg_1min": max(load_before, os.getloadavg()[0]),  # other jobs on the machine
             "ranks": ranks,
         })
     base = rows[0]
@@ -218,10 +219,11 @@ def main(quick: bool = False) -> dict:
 
     print(f"\nTransolver {MODEL}, {n:,} points, in={IN_DIM}, out={OUT_DIM}; AdamW step, fp32, gloo, 1 thread/rank")
     print(f"{'config':<10} {'act. peak MiB':>14} {'vs P=1':>7} {'peak RSS MiB':>13} {'step s':>8} "
-          f"{'speedup':>8} {'CPU s':>7} {'load':>5}")
+          f"{'speedup':>8} {'CPU s':>7} {'CPU speedup':>12} {'load':>5}")
     for r in rows:
         print(f"{r['label']:<10} {r['activation_peak_mb']:>14.0f} {r['memory_vs_p1']:>7.2f} {r['peak_rss_mb']:>13.0f} "
-              f"{r['step_s']:>8.2f} {r['speedup_vs_p1']:>8.2f} {r['cpu_s']:>7.2f} {r['load_avg_1min']:>5.1f}")
+              f"{r['step_s']:>8.2f} {r['speedup_vs_p1']:>8.2f} {r['cpu_s']:>7.2f} {r['cpu_speedup_vs_p1']:>12.2f} "
+              f"{r['load_avg_1min']:>5.1f}")
     print("\ninference on one process")
     for r in infer:
         print(f"{r['label']:<22} act. peak {r['activation_peak_mb']:>8.0f} MiB  {r['time_s']:.2f} s  "
@@ -235,9 +237,14 @@ def main(quick: bool = False) -> dict:
         "p2_speedup": p2["speedup_vs_p1"],
         "p2_speedup_target": 1.6,
         "p2_speedup_met": p2["speedup_vs_p1"] >= 1.6,
+        # per-rank CPU time: what the wall-time speedup would be on two otherwise idle cores
+        "p2_cpu_speedup": p2["cpu_speedup_vs_p1"],
+        "load_avg_1min_max": max(r["load_avg_1min"] for r in rows),
     }
     print(f"\ntargets: P=4 memory {targets['p4_memory_ratio']:.2f}x of P=1 (<= 0.30: {targets['p4_memory_met']}); "
-          f"P=2 speedup {targets['p2_speedup']:.2f}x (>= 1.6: {targets['p2_speedup_met']})")
+          f"P=2 speedup {targets['p2_speedup']:.2f}x wall, {targets['p2_cpu_speedup']:.2f}x CPU "
+          f"(>= 1.6: {targets['p2_speedup_met']}; load average up to {targets['load_avg_1min_max']:.1f} "
+          f"on {os.cpu_count()} cores)")
     result = {
         "benchmark": "transolver",
         "num_points": n,
@@ -254,7 +261,7 @@ def main(quick: bool = False) -> dict:
         "targets": targets,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "transolver_quick" if quick else "transolver"
+    stem = "bench_transolver_quick" if quick else "bench_transolver"
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))
     _plot(rows, infer, RESULTS / f"{stem}.png", n)
     print(f"saved {RESULTS / (stem + '.json')} and {RESULTS / (stem + '.png')}")
