@@ -74,22 +74,28 @@ def _radius(tree, points: np.ndarray) -> float:
 
 
 def _knn_graph(tree, points: np.ndarray, k: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (xadj, adjncy) of the symmetrised k-NN graph."""
+    """CSR (xadj, adjncy) of the symmetrised k-NN graph (no self loops)."""
+    from scipy.sparse import csr_matrix
+
     _, nbr = tree.query(points, k=k + 1, workers=-1)
     n = len(points)
-    src = np.repeat(np.arange(n, dtype=np.int64), k)
-    dst = nbr[:, 1:].reshape(-1).astype(np.int64)
-    keys = np.unique(np.concatenate([src * n + dst, dst * n + src]))
-    src, dst = keys // n, keys % n
-    xadj = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=xadj[1:])
-    return xadj.astype(np.int32), dst.astype(np.int32)
+    rows = np.repeat(np.arange(n, dtype=np.int32), k)
+    cols = nbr[:, 1:].reshape(-1).astype(np.int32)
+    graph = csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, cols)), shape=(n, n))
+    graph = (graph + graph.T).tocsr()
+    graph.setdiag(0)  # duplicate points can list themselves past the first neighbour
+    graph.eliminate_zeros()
+    return graph.indptr.astype(np.int32), graph.indices.astype(np.int32)
 
 
 def _metis(xadj: np.ndarray, adjncy: np.ndarray, parts: int) -> np.ndarray:
     import pymetis
 
-    _, membership = pymetis.part_graph(parts, xadj=xadj, adjncy=adjncy)
+    adjacency = pymetis.CSRAdjacency(xadj, adjncy) if hasattr(pymetis, "CSRAdjacency") else None
+    if adjacency is None:
+        _, membership = pymetis.part_graph(parts, xadj=xadj, adjncy=adjncy)
+    else:
+        _, membership = pymetis.part_graph(parts, adjacency=adjacency)
     return np.asarray(membership, dtype=np.int64)
 
 
@@ -110,7 +116,7 @@ def run_cloud(kind: str, n: int, with_metis: bool) -> list[dict]:
         "kdtree_build_cpu_s": kdtree_cpu,
     }
     print(f"\n{kind} {n:,} points: cKDTree build {kdtree_s:.3f} s, radius for ~{NEIGHBOURS} neighbours {radius:.4g}")
-    graph_s, _, graph = _timed(lambda: _knn_graph(tree, points64)) if with_metis else (None, None, None)
+    graph_s, graph_cpu, graph = _timed(lambda: _knn_graph(tree, points64)) if with_metis else (None, None, None)
     tree = None  # free it before partitioning
     for parts in PARTS:
         for method in METHODS:
@@ -121,11 +127,11 @@ def run_cloud(kind: str, n: int, with_metis: bool) -> list[dict]:
             timing = _timed(lambda p=parts: _metis(*graph, p))
             part = Partition.from_owner(torch.from_numpy(timing[2]), parts, method="metis")
             q = quality(points, part, radius=radius)
-            rows.append(_row(base, "metis", parts, timing[:2], q, graph_s=graph_s))
+            rows.append(_row(base, "metis", parts, timing[:2], q, graph=(graph_s, graph_cpu)))
     return rows
 
 
-def _row(base: dict, method: str, parts: int, timing: tuple, q: dict, graph_s: float | None = None) -> dict:
+def _row(base: dict, method: str, parts: int, timing: tuple, q: dict, graph: tuple | None = None) -> dict:
     seconds, cpu_seconds = timing
     row = dict(
         base,
@@ -139,9 +145,10 @@ def _row(base: dict, method: str, parts: int, timing: tuple, q: dict, graph_s: f
         max_neighbor_parts=q["max_neighbor_parts"],
         surface_to_volume_estimate=q["surface_to_volume_estimate"],
     )
-    if graph_s is not None:
-        row["graph_build_s"] = graph_s
-    extra = f" (+ {graph_s:.2f} s 16-NN graph)" if graph_s is not None else ""
+    extra = ""
+    if graph is not None:
+        row["graph_build_s"], row["graph_build_cpu_s"] = graph
+        extra = f" (+ 16-NN graph {graph[0]:.2f} s, cpu {graph[1]:.2f})"
     print(
         f"  P={parts:<3} {method:<8} {seconds:8.3f} s (cpu {cpu_seconds:.3f}){extra}  imbalance {q['imbalance']:.4f}  "
         f"ghosts {q['ghost_fraction']:.4f}  max ghost/owned {q['max_ghost_fraction']:.3f}"
@@ -183,16 +190,19 @@ def targets(rows: list[dict]) -> list[dict]:
             )
             if ("metis", parts) in get:
                 speedup = get[("metis", parts)]["cpu_seconds"] / get[("rcb", parts)]["cpu_seconds"]
-                checks.append(
-                    {
-                        "cloud": key[0],
-                        "num_points": key[1],
-                        "check": f"P={parts} METIS / rcb cpu time (graph build not counted)",
-                        "value": speedup,
-                        "target": ">= 20",
-                        "met": speedup >= 20,
-                    }
-                )
+                metis = get[("metis", parts)]
+                with_graph = (metis["cpu_seconds"] + metis["graph_build_cpu_s"]) / get[("rcb", parts)]["cpu_seconds"]
+                for label, value in (("METIS alone", speedup), ("METIS + its 16-NN graph", with_graph)):
+                    checks.append(
+                        {
+                            "cloud": key[0],
+                            "num_points": key[1],
+                            "check": f"P={parts} cpu time of {label} / rcb",
+                            "value": value,
+                            "target": ">= 20",
+                            "met": value >= 20,
+                        }
+                    )
     return checks
 
 
