@@ -21,10 +21,14 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.overrides import resolve_name
 
+from . import tensor as _tensor
 from .errors import ShardingError, UnsupportedOpError
 from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, _wrap
 
-__all__ = ["register", "dispatch", "wrap", "shard_args", "common_spec", "no_subclass", "op_name", "registered"]
+__all__ = [
+    "register", "dispatch", "wrap", "ndim", "local_shape", "shard_args", "common_spec", "no_subclass", "op_name",
+    "registered",
+]
 
 Handler = Callable[[Callable, tuple, dict], Any]
 _HANDLERS: dict[Callable, Handler] = {}
@@ -64,10 +68,18 @@ def dispatch(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
             "x.to_local() (and rewrap with ShardTensor.from_local), gather with x.full_tensor(), or register a "
             "rule with meshshard._dispatch.register."
         )
-    if any(isinstance(a, DTensor) for a in args) or any(isinstance(a, DTensor) for a in kwargs.values()):
-        args = tuple(_replicated_dtensor_to_local(a, func) for a in args)
-        kwargs = {k: _replicated_dtensor_to_local(v, func) for k, v in kwargs.items()}
+    for a in args:
+        if isinstance(a, DTensor):
+            args = tuple(_replicated_dtensor_to_local(a, func) for a in args)
+            break
+    for a in kwargs.values():
+        if isinstance(a, DTensor):
+            kwargs = {k: _replicated_dtensor_to_local(v, func) for k, v in kwargs.items()}
+            break
     return handler(func, args, kwargs)
+
+
+_tensor._dispatch = dispatch  # ShardTensor.__torch_function__ calls this directly from now on
 
 
 def _replicated_dtensor_to_local(a: Any, func: Callable) -> Any:
@@ -106,6 +118,17 @@ def common_spec(shards: list[ShardTensor], func: Callable) -> ShardSpec:
                 "other's sharding with x.reshard(y.sharding_sizes) first."
             )
     return ref
+
+
+def ndim(t: torch.Tensor) -> int:
+    """``t.dim()`` without re-entering dispatch for a ShardTensor (rules call it on every op)."""
+    return len(t._spec.global_shape) if isinstance(t, ShardTensor) else t.dim()
+
+
+def local_shape(t: torch.Tensor) -> torch.Size:
+    """``t.shape`` (the local shape of a ShardTensor) without re-entering dispatch."""
+    with no_subclass():
+        return t.shape
 
 
 def wrap(out: Any, spec: ShardSpec, dim: int) -> Any:

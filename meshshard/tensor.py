@@ -67,6 +67,7 @@ class ShardSpec:
     sizes: tuple[int, ...]
     global_shape: torch.Size
     mesh_id: int = field(default=0, repr=False)
+    _moved: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -90,16 +91,25 @@ class ShardSpec:
 
     @property
     def num_global(self) -> int:
-        return sum(self.sizes)
+        return self.global_shape[self.dim]
 
     def same_sharding(self, other: ShardSpec) -> bool:
         return self.mesh_id == other.mesh_id and self.mesh_dim == other.mesh_dim and self.sizes == other.sizes
 
     def moved(self, dim: int, local_shape: Sequence[int]) -> ShardSpec:
-        """The spec of a local result of shape ``local_shape`` sharded along ``dim``."""
-        shape = list(local_shape)
-        shape[dim] = self.num_global
-        return ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id)
+        """The spec of a local result of shape ``local_shape`` sharded along ``dim`` (memoised: on every op)."""
+        key = (dim, tuple(local_shape))
+        hit = self._moved.get(key)
+        if hit is None:
+            shape = list(local_shape)
+            shape[dim] = self.num_global
+            if dim == self.dim and torch.Size(shape) == self.global_shape:
+                hit = self
+            else:
+                hit = ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id)
+            if len(self._moved) < 64:
+                self._moved[key] = hit
+        return hit
 
 
 def _cached(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
@@ -302,14 +312,19 @@ class ShardTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from ._dispatch import dispatch
+        return _dispatch(func, types, args, kwargs or {})
 
-        return dispatch(func, types, args, kwargs or {})
+
+def _dispatch(func, types, args, kwargs):
+    """Bound to ``meshshard._dispatch.dispatch`` when that module loads (it imports this one)."""
+    from ._dispatch import dispatch
+
+    return dispatch(func, types, args, kwargs)
 
 
 def _wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
-    with torch._C.DisableTorchFunctionSubclass():
-        out = local.as_subclass(ShardTensor)
+    """``local`` (a plain tensor) as a ShardTensor with ``spec``: no copy, autograd kept."""
+    out = local.as_subclass(ShardTensor)
     out._spec = spec
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._dispatch import arg, common_spec, no_subclass, op_name, register, shard_args, wrap
+from .._dispatch import arg, common_spec, ndim, no_subclass, op_name, register, shard_args, wrap
 from ..errors import ShardingError, UnsupportedOpError
 from ..tensor import ShardTensor, _wrap
 
@@ -135,18 +135,25 @@ def _check_plain_broadcast(func, plain: torch.Tensor, back: int, rank: int) -> N
 
 
 def _pointwise(func, args, kwargs):
-    shards = shard_args(args, kwargs)
-    spec = common_spec(shards, func)
-    backs = {s.dim() - s._spec.dim for s in shards}
-    if len(backs) != 1:
-        raise ShardingError(
-            f"[rank {spec.rank}] {op_name(func)}: the sharded dimensions of the operands do not line up under "
-            f"broadcasting (positions from the end: {sorted(backs)})"
-        )
-    back = backs.pop()
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor) and not isinstance(a, ShardTensor) and a.dim() > 0:
-            _check_plain_broadcast(func, a, back, spec.rank)
+    spec = back = None
+    plain = []
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, ShardTensor):
+            s = a._spec
+            b = len(s.global_shape) - s.dim
+            if spec is None:
+                spec, back = s, b
+            elif s is not spec:
+                common_spec([a for a in (*args, *kwargs.values()) if isinstance(a, ShardTensor)], func)
+            if b != back:
+                raise ShardingError(
+                    f"[rank {spec.rank}] {op_name(func)}: the sharded dimensions of the operands do not line up "
+                    f"under broadcasting (positions from the end: {back} and {b})"
+                )
+        elif isinstance(a, torch.Tensor) and a.dim() > 0:
+            plain.append(a)
+    for a in plain:
+        _check_plain_broadcast(func, a, back, spec.rank)
     with no_subclass():
         out = func(*args, **kwargs)
     return wrap(out, spec, -back)
@@ -190,7 +197,7 @@ def _linear(func, args, kwargs):
     b = arg(args, kwargs, 2, "bias")
     if not isinstance(x, ShardTensor) or isinstance(w, ShardTensor) or isinstance(b, ShardTensor):
         raise UnsupportedOpError("linear: only a sharded input with replicated weight and bias is supported")
-    if x._spec.dim == x.dim() - 1:
+    if x._spec.dim == ndim(x) - 1:
         raise UnsupportedOpError(
             "linear contracts the last dimension, which is the sharded one here; shard the points, not the channels"
         )
@@ -204,7 +211,7 @@ def _layer_norm(func, args, kwargs):
     x = arg(args, kwargs, 0, "input")
     shape = arg(args, kwargs, 1, "normalized_shape")
     n = 1 if isinstance(shape, int) else len(shape)
-    if not isinstance(x, ShardTensor) or x._spec.dim >= x.dim() - n:
+    if not isinstance(x, ShardTensor) or x._spec.dim >= ndim(x) - n:
         raise UnsupportedOpError(
             f"{op_name(func)} over the sharded dimension is not supported (it normalises the last {n} dims)"
         )
@@ -242,7 +249,7 @@ def _dim_local(func, args, kwargs):
     if not isinstance(x, ShardTensor) or len(shard_args(args, kwargs)) != 1:
         raise UnsupportedOpError(f"{op_name(func)}: only the first operand may be a ShardTensor")
     d = arg(args, kwargs, *_DIM_ARG[func])
-    if d is None or int(d) % x.dim() == x._spec.dim:
+    if d is None or int(d) % ndim(x) == x._spec.dim:
         raise UnsupportedOpError(
             f"{op_name(func)} along the sharded dimension {x._spec.dim} has no sharding rule; "
             "use it along another dim, or on x.full_tensor()"

@@ -26,7 +26,19 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm
-from .._dispatch import arg, common_spec, no_subclass, norm_dims, op_name, register, replicated, shard_args, wrap
+from .._dispatch import (
+    arg,
+    common_spec,
+    local_shape,
+    ndim,
+    no_subclass,
+    norm_dims,
+    op_name,
+    register,
+    replicated,
+    shard_args,
+    wrap,
+)
 from ..errors import ShardingError, UnsupportedOpError
 from ..tensor import ShardSpec, ShardTensor
 
@@ -50,7 +62,7 @@ def _count(spec: ShardSpec, shape: torch.Size, dims: tuple[int, ...] | None) -> 
 def _parse_dim_keepdim(args, kwargs, x):
     dim = arg(args, kwargs, 1, "dim")
     keepdim = bool(arg(args, kwargs, 2, "keepdim", False))
-    return norm_dims(dim, x.dim()), keepdim
+    return norm_dims(dim, ndim(x)), keepdim
 
 
 def _local_reduce(func, args, kwargs, x: ShardTensor, dims, keepdim):
@@ -97,7 +109,7 @@ def _mean(func, args, kwargs):
         both = comm.all_reduce(torch.stack([s, c]), spec.group)
         return replicated(both[0] / both[1], spec)
     s = local.sum(dim=dims, keepdim=keepdim)
-    return replicated(comm.all_reduce(s, spec.group) / _count(spec, x.shape, dims), spec)
+    return replicated(comm.all_reduce(s, spec.group) / _count(spec, local_shape(x), dims), spec)
 
 
 # -- var / std ------------------------------------------------------------------------------------
@@ -115,7 +127,7 @@ def _parse_var(args, kwargs, x):
         correction = float(bool(kwargs["unbiased"]))
     if kwargs.get("correction") is not None:
         correction = float(kwargs["correction"])
-    return norm_dims(dim, x.dim()), correction, keepdim
+    return norm_dims(dim, ndim(x)), correction, keepdim
 
 
 @register(torch.var, T.var, torch.std, T.std)
@@ -125,7 +137,7 @@ def _var(func, args, kwargs):
     if dims is not None and x._spec.dim not in dims:
         return _local_reduce(func, args, kwargs, x, dims, keepdim)
     spec, local = x._spec, _plain(x)
-    count = _count(spec, x.shape, dims)
+    count = _count(spec, local_shape(x), dims)
     mean = comm.all_reduce(local.sum(dim=dims, keepdim=True), spec.group) / count
     sq = comm.all_reduce(((local - mean) ** 2).sum(dim=dims, keepdim=True), spec.group)
     var = _reduce_keep_shape(sq / max(count - correction, 0), dims, keepdim)
@@ -156,7 +168,7 @@ def _vector_norm(x: ShardTensor, p, dims, keepdim: bool, func):
 def _norm(func, args, kwargs):
     x = args[0]
     p = arg(args, kwargs, 1, "p", "fro")
-    dims = norm_dims(arg(args, kwargs, 2, "dim"), x.dim())
+    dims = norm_dims(arg(args, kwargs, 2, "dim"), ndim(x))
     keepdim = bool(arg(args, kwargs, 3, "keepdim", False))
     if dims is not None and x._spec.dim not in dims:
         return _local_reduce(func, args, kwargs, x, dims, keepdim)
@@ -167,7 +179,7 @@ def _norm(func, args, kwargs):
 def _linalg_vector_norm(func, args, kwargs):
     x = args[0]
     p = arg(args, kwargs, 1, "ord", 2)
-    dims = norm_dims(arg(args, kwargs, 2, "dim"), x.dim())
+    dims = norm_dims(arg(args, kwargs, 2, "dim"), ndim(x))
     keepdim = bool(arg(args, kwargs, 3, "keepdim", False))
     if dims is not None and x._spec.dim not in dims:
         return _local_reduce(func, args, kwargs, x, dims, keepdim)
@@ -215,7 +227,7 @@ def _extreme(x: ShardTensor, dims, keepdim: bool, largest: bool):
 def _amax(func, args, kwargs):
     x = args[0]
     dim = arg(args, kwargs, 1, "dim", ())
-    dims = norm_dims(dim, x.dim())
+    dims = norm_dims(dim, ndim(x))
     keepdim = bool(arg(args, kwargs, 2, "keepdim", False))
     if dims is not None and x._spec.dim not in dims:
         return _local_reduce(func, args, kwargs, x, dims, keepdim)
@@ -252,7 +264,7 @@ def _max(func, args, kwargs):
         return _pointwise(func, args, kwargs)
     if other is None:
         return _extreme(x, None, False, largest)
-    d = int(other) % x.dim()
+    d = int(other) % ndim(x)
     keepdim = bool(arg(args, kwargs, 2, "keepdim", False))
     if d != x._spec.dim:
         return _local_reduce(func, args, kwargs, x, (d,), keepdim)
@@ -300,7 +312,7 @@ def _argmax(func, args, kwargs):
         big = spec.global_shape.numel()
         cand = torch.where((lv.to(torch.float64) == gv) & (local.numel() > 0), gflat, torch.full_like(gflat, big))
         return replicated((-comm.all_reduce_max(-cand, spec.group)).reshape(()), spec)
-    d = int(dim) % x.dim()
+    d = int(dim) % ndim(x)
     if d != spec.dim:
         return _local_reduce(func, args, kwargs, x, (d,), keepdim)
     _, gi, _, _ = _global_arg(x, d, keepdim, largest)
@@ -327,7 +339,7 @@ def _softmax_dim(func, args, kwargs):
 @register(torch.softmax, T.softmax, F.softmax, torch.log_softmax, T.log_softmax, F.log_softmax)
 def _softmax(func, args, kwargs):
     x = args[0]
-    d = _softmax_dim(func, args, kwargs) % x.dim()
+    d = _softmax_dim(func, args, kwargs) % ndim(x)
     if d != x._spec.dim:
         with no_subclass():
             out = func(*args, **kwargs)
@@ -346,7 +358,7 @@ def _softmax(func, args, kwargs):
 @register(torch.logsumexp, T.logsumexp)
 def _logsumexp(func, args, kwargs):
     x = args[0]
-    dims = norm_dims(arg(args, kwargs, 1, "dim"), x.dim())
+    dims = norm_dims(arg(args, kwargs, 1, "dim"), ndim(x))
     keepdim = bool(arg(args, kwargs, 2, "keepdim", False))
     if dims is not None and x._spec.dim not in dims:
         return _local_reduce(func, args, kwargs, x, dims, keepdim)
@@ -379,10 +391,10 @@ def _matmul(func, args, kwargs):
         a, b = b, a
     shards = shard_args((a, b), {})
     spec = common_spec(shards, func)
-    if a.dim() < 2 or b.dim() < 2:
+    if ndim(a) < 2 or ndim(b) < 2:
         raise UnsupportedOpError(f"{op_name(func)} with a 1-d operand and a ShardTensor is not supported")
-    a_d = a._spec.dim - a.dim() if isinstance(a, ShardTensor) else None  # negative positions
-    b_d = b._spec.dim - b.dim() if isinstance(b, ShardTensor) else None
+    a_d = a._spec.dim - ndim(a) if isinstance(a, ShardTensor) else None  # negative positions
+    b_d = b._spec.dim - ndim(b) if isinstance(b, ShardTensor) else None
     with no_subclass():
         out = torch.matmul(a, b)
     if a_d == -1 and b_d == -2:  # contraction over the sharded dim on both sides

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._dispatch import common_spec, no_subclass, op_name, register, shard_args, wrap
+from .._dispatch import common_spec, local_shape, no_subclass, op_name, register, shard_args, wrap
 from ..errors import UnsupportedOpError
 from ..tensor import ShardTensor
 
@@ -23,7 +23,7 @@ _SENTINEL = 1_000_003  # a prime no real dimension is likely to equal
 
 def _to_meta(a, sentinel_for_shards: bool = True):
     if isinstance(a, ShardTensor):
-        shape = list(a.shape)
+        shape = list(local_shape(a))
         shape[a._spec.dim] = _SENTINEL
         return torch.empty(shape, dtype=a.dtype, device="meta")
     if isinstance(a, torch.Tensor):
@@ -61,16 +61,45 @@ def _out_dim(func, meta_out) -> int:
     return dims[0]
 
 
+def _signature(a):
+    """A hashable key of an argument as the meta simulation sees it (shapes, not values)."""
+    if isinstance(a, ShardTensor):
+        shape = list(local_shape(a))
+        shape[a._spec.dim] = -1
+        return ("S", tuple(shape), a.dtype)
+    if isinstance(a, torch.Tensor):
+        return ("T", tuple(a.shape), a.dtype)
+    if isinstance(a, (list, tuple)) and not isinstance(a, torch.Size):
+        return (type(a).__name__, *(_signature(b) for b in a))
+    return repr(a)
+
+
+_OUT_DIMS: dict = {}  # (func, signature) -> output shard dim(s): views repeat the same call every step
+
+
+def _out_dims(func, args, kwargs):
+    key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+    dims = _OUT_DIMS.get(key)
+    if dims is None:
+        meta_out = _simulate(func, args, kwargs)
+        if isinstance(meta_out, torch.Tensor):
+            dims = _out_dim(func, meta_out)
+        else:  # tuples/lists (split, chunk, unbind): each piece keeps the sharded dimension
+            dims = tuple(_out_dim(func, m) for m in meta_out)
+        if len(_OUT_DIMS) < 4096:
+            _OUT_DIMS[key] = dims
+    return dims
+
+
 def _structural(func, args, kwargs):
     shards = shard_args(args, kwargs)
     spec = common_spec(shards, func)
-    meta_out = _simulate(func, args, kwargs)
+    dims = _out_dims(func, args, kwargs)
     with no_subclass():
         out = func(*args, **kwargs)
     if isinstance(out, torch.Tensor):
-        return wrap(out, spec, _out_dim(func, meta_out))
-    # tuples/lists (split, chunk, unbind): each piece keeps the sharded dimension
-    return type(out)(wrap(o, spec, _out_dim(func, m)) for o, m in zip(out, meta_out))
+        return wrap(out, spec, dims)
+    return type(out)(wrap(o, spec, d) for o, d in zip(out, dims))
 
 
 register(
@@ -91,7 +120,7 @@ def _squeeze(func, args, kwargs):
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     if dim is None:
         keep = x._spec.dim
-        dims = tuple(i for i, s in enumerate(x.shape) if s == 1 and i != keep)
+        dims = tuple(i for i, s in enumerate(local_shape(x)) if s == 1 and i != keep)
         return _structural(func, (x, dims), {})
     return _structural(func, args, kwargs)
 
@@ -123,7 +152,7 @@ def _reshape(func, args, kwargs):
     if not isinstance(out, torch.Tensor):  # view(dtype)
         return out
     d = x._spec.dim
-    old = list(x.shape)
+    old = list(local_shape(x))
     pre, post, n = math.prod(old[:d]), math.prod(old[d + 1 :]), old[d]
     new = list(out.shape)
     cands = [
