@@ -1,0 +1,1 @@
+"""Applications behind the CLI: training, evaluation, demo, capacity planning, launching."""
