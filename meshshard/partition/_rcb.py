@@ -51,22 +51,24 @@ def _histogram(
     node_lo: torch.Tensor,
     node_extent: torch.Tensor,
     node_of: torch.Tensor,
+    node_key: torch.Tensor,
     buckets: int,
     weights: torch.Tensor | None,
     work: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bucket of every point's coordinate ``x`` in its node, and every node's cumulative histogram.
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Bucket of every point's coordinate ``x`` in its node (into ``out``), and every node's histogram.
 
     Buckets split ``[node_lo, node_lo + node_extent]`` evenly; the bucket is monotone in ``x``.
-    Returns ``(N,)`` buckets and ``(M, B)`` inclusive cumulative weights (float64).
+    ``node_key`` is ``node_of * buckets``. Returns ``(M, B)`` inclusive cumulative weights (float64).
     """
     num_nodes = node_lo.numel()
     scale = torch.where(node_extent > 0, buckets / node_extent, torch.zeros_like(node_extent))
     scale = torch.nan_to_num(scale, nan=0.0, posinf=0.0)  # empty nodes, or an extent that underflows
     bucket = (x.to(work) - node_lo.to(work).index_select(0, node_of)).mul_(scale.to(work).index_select(0, node_of))
-    bucket = bucket.floor_().to(torch.long).clamp_(0, buckets - 1)
-    hist = torch.bincount(node_of * buckets + bucket, weights=weights, minlength=num_nodes * buckets)
-    return bucket, hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)
+    out.copy_(bucket.floor_().clamp_(0, buckets - 1))  # exact small integers: the copy truncates nothing
+    hist = torch.bincount(node_key + out, weights=weights, minlength=num_nodes * buckets)
+    return hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)
 
 
 def rcb(
@@ -112,6 +114,7 @@ def rcb(
     columns = points.t().contiguous()  # (D, N): one contiguous coordinate array per axis
     flat_columns = columns.reshape(-1)
     position = torch.arange(num_points, **long)
+    all_bucket = torch.empty((dim, num_points), **long)  # bucket of every point along every axis
 
     node_of = torch.zeros(num_points, **long)
     p0 = torch.zeros(1, **long)
@@ -155,15 +158,19 @@ def rcb(
         buckets = max(1, min(num_buckets, (4 * num_points) // num_nodes))
         extent = box_hi - box_lo  # (D, M); -inf for empty nodes
         mid = p0 + (p1 - p0 + 1) // 2
+        node_key = node_of * buckets
         if axis_rule == "longest":
             axis = extent.argmax(dim=0)  # first maximum on ties
             x = flat_columns.index_select(0, axis.index_select(0, node_of) * num_points + position)
-            bucket, hist = _histogram(
-                x, box_lo.gather(0, axis[None])[0], extent.gather(0, axis[None])[0], node_of, buckets, weights, work
-            )
+            lo_axis, extent_axis = box_lo.gather(0, axis[None])[0], extent.gather(0, axis[None])[0]
+            bucket = all_bucket[0]
+            hist = _histogram(x, lo_axis, extent_axis, node_of, node_key, buckets, weights, work, bucket)
         else:
-            rows = [_histogram(columns[a], box_lo[a], extent[a], node_of, buckets, weights, work) for a in range(dim)]
-            all_hist = torch.stack([h for _, h in rows])  # (D, M, B)
+            rows = [
+                _histogram(columns[a], box_lo[a], extent[a], node_of, node_key, buckets, weights, work, all_bucket[a])
+                for a in range(dim)
+            ]
+            all_hist = torch.stack(rows)  # (D, M, B)
             # Ghost cost of cutting at the weighted median of each axis: the weight per unit
             # thickness in a window of +-B/64 buckets around the plane. Cut where it is lowest.
             node_weight = all_hist[0, :, -1]
@@ -187,7 +194,7 @@ def rcb(
             lowest = density == density.min(dim=0).values
             axis = torch.where(lowest, extent, -torch.inf).argmax(dim=0)
             hist = all_hist.gather(0, axis[None, :, None].expand(1, num_nodes, buckets))[0]
-            bucket = torch.stack([b for b, _ in rows]).gather(0, axis.index_select(0, node_of)[None])[0]
+            bucket = all_bucket.gather(0, axis.index_select(0, node_of)[None])[0]
 
         # Weight before each node in partition order, and the weight its left child should hold.
         node_weight = hist[:, -1]
