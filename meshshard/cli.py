@@ -49,11 +49,28 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p)
 
 
-def _run_train(args: argparse.Namespace) -> int:
+def _relaunch(args: argparse.Namespace) -> int | None:
+    """Run this command again under torchrun on ``--nproc`` ranks, unless already a rank."""
     from ._apps.launch import torchrun, under_torchrun
 
-    if args.nproc > 1 and not under_torchrun():
-        return torchrun(args.nproc, sys.argv[1:] if args.argv is None else args.argv)
+    if args.nproc == 1 or under_torchrun():
+        return None
+    argv = list(sys.argv[1:] if args.argv is None else args.argv)
+    kept, skip = [], False
+    for a in argv:  # torchrun's own parser would take --nproc for --nproc-per-node
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            kept.append(a)
+    return torchrun(args.nproc, kept)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    code = _relaunch(args)
+    if code is not None:
+        return code
     from ._apps.train import TrainConfig, train
 
     if not os.path.isfile(os.path.join(args.store, "meta.json")):
@@ -83,10 +100,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from ._apps.launch import torchrun, under_torchrun
-
-    if args.nproc > 1 and not under_torchrun():
-        return torchrun(args.nproc, sys.argv[1:] if args.argv is None else args.argv)
+    code = _relaunch(args)
+    if code is not None:
+        return code
     from ._apps.train import evaluate
 
     if not os.path.isfile(args.checkpoint):
