@@ -123,3 +123,12 @@ def test_bad_use():
         Partition.from_owner(torch.tensor([0, 5]), 2)
     with pytest.raises(ValueError, match=r"num_parts must be at least 1"):
         Partition.from_owner(torch.tensor([0]), 0)
+
+
+def test_pickle_and_deepcopy():
+    import copy
+    import pickle
+
+    part = partition(torch.rand(40, 3, generator=torch.Generator().manual_seed(2)), 3)
+    for clone in (pickle.loads(pickle.dumps(part)), copy.deepcopy(part)):
+        assert torch.equal(clone.perm, part.perm) and torch.equal(clone.shard_indices(2), part.shard_indices(2))
