@@ -40,7 +40,7 @@ lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check meshshard tests benchmarks examples
 
 bench: $(VENV)/.stamp-dev
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
