@@ -251,7 +251,11 @@ def plot(rows: list[dict], path: Path) -> None:
                 ]
                 ax.bar(np.arange(3) + (k - 1.5) * width, vals, width, label=method)
             est = [
-                next(r["surface_to_volume_estimate"] for r in rows if (r["cloud"], r["num_points"]) == (c, n))
+                next(
+                    r["surface_to_volume_estimate"]
+                    for r in rows
+                    if (r["cloud"], r["num_points"], r["parts"]) == (c, n, parts)
+                )
                 for c in clouds
             ]
             ax.scatter(np.arange(3), est, marker="_", s=400, color="k", label="S/V estimate (volume)", zorder=3)
