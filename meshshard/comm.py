@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from . import faults
+
 __all__ = [
     "CommCounter",
     "all_reduce",
     "all_reduce_max",
+    "all_gather",
     "all_gather_object_sizes",
+    "all_reduce_",
     "all_to_all",
     "gather_uneven",
 ]
@@ -87,13 +91,33 @@ def _world(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
+def _call(name: str, group: dist.ProcessGroup | None, collective, *args, **kwargs):
+    """Run ``collective(*args, group=group, **kwargs)``; name the culprit if it fails.
+
+    A backend failure (a peer died, raised, or is stuck past the process-group timeout) becomes a
+    :class:`~meshshard.errors.CollectiveError` naming this rank, ``name``, where it was issued and
+    the rank that failed first (see :mod:`meshshard.faults`). A ``ValueError``/``TypeError`` is
+    this rank's own bad argument: it is reported as this rank's failure and re-raised unchanged.
+    """
+    try:
+        out = collective(*args, group=group, **kwargs)
+    except (ValueError, TypeError) as exc:
+        faults.report_failure(exc, name)
+        raise
+    except Exception as exc:
+        raise faults.collective_failed(name, group, exc) from exc
+    if faults._REPORTED:  # this rank failed earlier, yet the group moved on: the note is stale
+        faults._retract()
+    return out
+
+
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         ctx.group = group
         out = tensor.clone(memory_format=torch.contiguous_format)
         _record("all_reduce", _nbytes(out))
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        _call("all_reduce", group, dist.all_reduce, out, op=dist.ReduceOp.SUM)
         return out
 
     @staticmethod
@@ -101,7 +125,7 @@ class _AllReduceSum(torch.autograd.Function):
         # The output is replicated, so its gradient is partial on each rank (see module docstring).
         out = grad.clone(memory_format=torch.contiguous_format)
         _record("all_reduce", _nbytes(out))
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=ctx.group)
+        _call("all_reduce", ctx.group, dist.all_reduce, out, op=dist.ReduceOp.SUM)
         return out, None
 
 
@@ -122,7 +146,7 @@ def all_reduce_max(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     if _world(group) == 1:
         return out
     _record("all_reduce", _nbytes(out))
-    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    _call("all_reduce", group, dist.all_reduce, out, op=dist.ReduceOp.MAX)
     return out
 
 
@@ -139,9 +163,11 @@ def _all_to_all_raw(
     _record("all_to_all", row_bytes * int(sum(send_sizes)))
     if tensor.dtype == torch.bool:  # gloo does not move bools
         out_u8 = out.to(torch.uint8)
-        dist.all_to_all_single(out_u8, tensor.to(torch.uint8), list(recv_sizes), list(send_sizes), group=group)
+        recv, send = list(map(int, recv_sizes)), list(map(int, send_sizes))
+        _call("all_to_all", group, dist.all_to_all_single, out_u8, tensor.to(torch.uint8), recv, send)
         return out_u8.to(torch.bool)
-    dist.all_to_all_single(out, tensor, list(map(int, recv_sizes)), list(map(int, send_sizes)), group=group)
+    recv, send = list(map(int, recv_sizes)), list(map(int, send_sizes))
+    _call("all_to_all", group, dist.all_to_all_single, out, tensor, recv, send)
     return out
 
 
@@ -176,9 +202,9 @@ def all_to_all(
     gradients added by the autograd of whatever gathered them (e.g. ``index_select``).
     """
     if tensor.shape[0] != sum(send_sizes):
-        raise ValueError(
-            f"all_to_all: tensor has {tensor.shape[0]} rows but send_sizes sum to {sum(send_sizes)}"
-        )
+        exc = ValueError(f"all_to_all: tensor has {tensor.shape[0]} rows but send_sizes sum to {sum(send_sizes)}")
+        faults.report_failure(exc, "all_to_all")
+        raise exc
     if _world(group) == 1:
         return tensor
     return _AllToAll.apply(tensor, tuple(map(int, send_sizes)), tuple(map(int, recv_sizes)), group)
@@ -233,7 +259,7 @@ def all_gather_object_sizes(n: int, group: dist.ProcessGroup | None = None, devi
     t = torch.tensor([int(n)], dtype=torch.long, device=device)
     out = [torch.empty_like(t) for _ in range(world)]
     _record("all_gather", _nbytes(t))
-    dist.all_gather(out, t, group=group)
+    _call("all_gather", group, dist.all_gather, out, t)
     return tuple(int(o.item()) for o in out)
 
 
@@ -250,5 +276,17 @@ def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> 
         return t[None].clone()
     out = [torch.empty_like(t) for _ in range(world)]
     _record("all_gather", _nbytes(t))
-    dist.all_gather(out, t, group=group)
+    _call("all_gather", group, dist.all_gather, out, t)
     return torch.stack(out)
+
+
+def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """In-place sum all-reduce of a plain tensor (**not** differentiable; e.g. gradient buffers).
+
+    **Communication:** one ``all_reduce`` of ``tensor.nbytes``; nothing with one rank.
+    """
+    if _world(group) == 1:
+        return tensor
+    _record("all_reduce", _nbytes(tensor))
+    _call("all_reduce", group, dist.all_reduce, tensor)
+    return tensor

@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
-__all__ = ["ShardingError", "UnsupportedOpError"]
+from collections.abc import Sequence
+
+__all__ = ["CollectiveError", "ShardingError", "UnsupportedOpError"]
 
 
 class ShardingError(RuntimeError):
     """Ranks disagree, or two operands are sharded incompatibly (different sizes, dims or meshes)."""
+
+
+class CollectiveError(ShardingError):
+    """A collective failed on this rank because another rank raised, died or is stuck.
+
+    The message names this rank, the collective and where it was issued, and the rank(s) that
+    failed first with their exception (see :mod:`meshshard.faults`).
+
+    Attributes
+    ----------
+    rank:
+        This process's global rank.
+    op:
+        The collective that failed (``all_reduce``, ``all_to_all``, ``all_gather``).
+    culprits:
+        Global ranks that reported a failure, or, when none did, the ranks that did not answer.
+    """
+
+    def __init__(self, message: str, *, rank: int = -1, op: str = "", culprits: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.op = op
+        self.culprits = tuple(culprits)
 
 
 class UnsupportedOpError(NotImplementedError):

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from . import comm
+from . import comm, faults
 from .errors import ShardingError
 
 __all__ = ["ShardSpec", "ShardTensor", "ReplicatedTensor", "scatter", "validate_enabled"]
@@ -220,7 +220,9 @@ class ShardTensor(torch.Tensor):
                     f"entries along dim {dim} (shape {tuple(local.shape)})"
                 )
             if validate if validate is not None else validate_enabled():
-                _check_same_on_all_ranks(sizes_t, group, rank, local.device)
+                shape = list(local.shape)
+                shape[dim] = sum(sizes_t)
+                _check_same_on_all_ranks(sizes_t, group, rank, local.device, tuple(shape))
         shape = list(local.shape)
         shape[dim] = sum(sizes_t)
         spec = ShardSpec(mesh, mdim, dim, sizes_t, torch.Size(shape), id(mesh))
@@ -310,9 +312,39 @@ class ShardTensor(torch.Tensor):
     def __reduce_ex__(self, proto):
         raise TypeError("a ShardTensor cannot be pickled: save x.to_local() and its sharding_sizes instead")
 
+    def validate(self) -> ShardTensor:
+        """Check the spec against the data and across ranks; return ``self``.
+
+        Checks that the local length along the sharded dimension is ``sharding_sizes[rank]`` and
+        that every rank of the mesh axis holds the same sharding sizes and global shape. Runs
+        automatically in :meth:`from_local` under ``MESHSHARD_VALIDATE=1`` (or ``validate=True``).
+
+        Raises
+        ------
+        ShardingError
+            Naming the rank(s) that disagree and what each holds.
+
+        **Communication:** one ``all_gather`` of ``P + ndim`` int64 per rank.
+        """
+        spec = self._spec
+        with torch._C.DisableTorchFunctionSubclass():
+            local_shape = tuple(self.shape)
+        n_local = local_shape[spec.dim]
+        if n_local != spec.sizes[spec.rank]:
+            raise ShardingError(
+                f"[rank {spec.rank}] the local shard has {n_local} entries along dim {spec.dim} but the spec says "
+                f"sharding_sizes[{spec.rank}] = {spec.sizes[spec.rank]} (sizes {spec.sizes})"
+            )
+        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, self.device, tuple(spec.global_shape))
+        return self
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, types, args, kwargs or {})
+        try:
+            return _dispatch(func, types, args, kwargs or {})
+        except Exception as exc:  # name this rank as the culprit for peers blocked in a collective
+            faults.report_failure(exc, faults._op_name(func))
+            raise
 
 
 def _dispatch(func, types, args, kwargs):
@@ -329,18 +361,31 @@ def _wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
     return out
 
 
-def _check_same_on_all_ranks(sizes: tuple[int, ...], group, rank: int, device) -> None:
+def _check_same_on_all_ranks(
+    sizes: tuple[int, ...], group, rank: int, device, global_shape: tuple[int, ...] = ()
+) -> None:
+    """Raise :class:`ShardingError` on every rank unless all ranks hold the same sizes (and shape)."""
     world = len(sizes)
-    mine = torch.tensor(sizes, dtype=torch.long, device=device)
-    everyone = [torch.empty_like(mine) for _ in range(world)]
-    comm._record("all_gather", mine.numel() * 8)
-    dist.all_gather(everyone, mine, group=group)
-    for other, theirs in enumerate(everyone):
-        if not torch.equal(theirs, mine):
-            raise ShardingError(
-                f"[rank {rank}] sharding sizes disagree between ranks: rank {rank} has {sizes}, "
-                f"rank {other} has {tuple(theirs.tolist())}"
-            )
+    if dist.get_world_size(group) != world:
+        raise ShardingError(
+            f"[rank {rank}] the spec has {world} sharding sizes but the process group has "
+            f"{dist.get_world_size(group)} ranks"
+        )
+    mine = torch.tensor([*sizes, *global_shape], dtype=torch.long, device=device)
+    everyone = comm.all_gather(mine, group)
+    differ = [r for r in range(world) if not torch.equal(everyone[r], mine)]
+    if differ:
+        what = "sharding sizes" if any(
+            not torch.equal(everyone[r, :world], mine[:world]) for r in differ
+        ) else "global shapes"
+        detail = "; ".join(
+            f"rank {r} has {tuple(everyone[r, :world].tolist())}"
+            + (f" shape {tuple(everyone[r, world:].tolist())}" if global_shape else "")
+            for r in range(world)
+        )
+        raise ShardingError(
+            f"[rank {rank}] {what} disagree between ranks {[rank, *differ]}: {detail}"
+        )
 
 
 class ReplicatedTensor(torch.Tensor):
