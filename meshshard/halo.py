@@ -75,17 +75,29 @@ def _box_d2(points: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
 
 
 def _candidates(points: torch.Tensor, boxes: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Owned points near each peer's query box: ``(dest, local_index)``, sorted by peer then index."""
-    dim, world = points.shape[1], boxes.shape[0]
+    """Owned points near each peer's query box: ``(dest, local_index)``, sorted by peer then index.
+
+    Only peers whose box comes within the radius of this rank's own bounding box are tested, so
+    the cost is ``N_local x (neighbouring ranks)``, not ``N_local x P``.
+    """
+    dim = points.shape[1]
+    empty = torch.zeros(0, dtype=torch.long, device=points.device)
+    if points.shape[0] == 0:
+        return empty, empty.clone()
     lo, hi, r2 = boxes[:, :dim], boxes[:, dim : 2 * dim], boxes[:, 2 * dim]
-    step = max(1, _BOX_BLOCK // max(world * dim, 1))
-    near = torch.cat(
-        [_box_d2(points[a : a + step], lo, hi) <= r2[None, :] for a in range(0, points.shape[0], step)]
-        or [torch.zeros(0, world, dtype=torch.bool, device=points.device)]
-    )
-    near[:, rank] = False
-    dest, local = near.t().nonzero(as_tuple=True)  # row-major over (peer, point): sorted as wanted
-    return dest, local
+    own = _query_box(points, 0.0)
+    # Box-to-box gap: the peers that any of our points can be near.
+    gap = torch.clamp(torch.maximum(lo - own[dim : 2 * dim], own[:dim] - hi), min=0.0)
+    peer_ok = sq_dist(gap, torch.zeros_like(gap)) <= r2
+    peer_ok[rank] = False
+    peers = peer_ok.nonzero().flatten()
+    if peers.numel() == 0:
+        return empty, empty.clone()
+    lo, hi, r2 = lo[peers], hi[peers], r2[peers]
+    step = max(1, _BOX_BLOCK // max(peers.numel() * dim, 1))
+    near = torch.cat([_box_d2(points[a : a + step], lo, hi) <= r2[None, :] for a in range(0, points.shape[0], step)])
+    slot, local = near.t().nonzero(as_tuple=True)  # row-major over (peer, point): sorted as wanted
+    return peers[slot], local
 
 
 def _keep_mask(
