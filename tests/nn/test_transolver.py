@@ -237,6 +237,10 @@ def _one_all_reduce_per_layer(sizes, n_layers):
     with ms.CommCounter() as chunked:
         out = chunked_forward(model, x, 4)
     torch.testing.assert_close(out.full_tensor().to_plain(), y.full_tensor().to_plain().detach(), **TOL)
+    x0 = ms.ShardTensor.from_local(x.to_local()[0], mesh, sizes, dim=0)  # unbatched (N, C) on dim 0
+    out0 = chunked_forward(model, x0, 5)
+    assert out0.shard_dim == 0 and out0.sharding_sizes == tuple(sizes)
+    torch.testing.assert_close(out0.full_tensor().to_plain(), y.full_tensor().to_plain()[0].detach(), **TOL)
     return dict(cc.counts), dict(cc.bytes_sent), dict(chunked.counts)
 
 
