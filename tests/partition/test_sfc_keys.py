@@ -71,3 +71,8 @@ def test_quantize_spans_the_grid_on_a_cube():
     assert grid[1].tolist() == [top, top // 2, top // 4]  # one scale for every axis
     assert quantize(torch.ones(5, 3), 21).tolist() == [[0, 0, 0]] * 5
     assert quantize(torch.zeros(0, 2), 31).shape == (0, 2)
+
+
+def test_hilbert_blocks_give_the_same_keys():
+    grid = torch.randint(0, 1 << 21, (1000, 3), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(hilbert_keys(grid, 21, chunk=97), hilbert_keys(grid, 21))
