@@ -26,19 +26,25 @@ def sq_dist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     **Shapes:** ``a``, ``b`` ``(..., D)`` (broadcastable) -> ``(...)`` float64.
     """
     diff = a.to(torch.float64) - b.to(torch.float64)
-    sq = diff * diff
-    out = sq[..., 0]
-    for c in range(1, sq.shape[-1]):
-        out = out + sq[..., c]
+    diff.mul_(diff)
+    out = diff[..., 0].clone()
+    for c in range(1, diff.shape[-1]):
+        out += diff[..., c]
     return out
 
 
 def pair_d2(points: torch.Tensor, queries: torch.Tensor, qi: torch.Tensor, pj: torch.Tensor) -> torch.Tensor:
-    """``sq_dist(queries[qi], points[pj])`` (float64, ``(E,)``)."""
-    return sq_dist(queries.index_select(0, qi), points.index_select(0, pj))
+    """``sq_dist(queries[qi], points[pj])`` (float64, ``(E,)``); rows are gathered in float64."""
+    q64 = queries.detach().to(torch.float64)
+    p64 = q64 if queries is points else points.detach().to(torch.float64)
+    return sq_dist(q64.index_select(0, qi.contiguous()), p64.index_select(0, pj.contiguous()))
 
 
 def lexsort_pairs(qi: torch.Tensor, d2: torch.Tensor, gj: torch.Tensor) -> torch.Tensor:
+    return _lexsort_pairs(qi, d2, gj)[0]
+
+
+def _lexsort_pairs(qi: torch.Tensor, d2: torch.Tensor, gj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Permutation that sorts pairs by query, then distance, then global point index.
 
     One ``int64`` sort of a composite key (query in the high bits, the distance quantised
@@ -48,11 +54,12 @@ def lexsort_pairs(qi: torch.Tensor, d2: torch.Tensor, gj: torch.Tensor) -> torch
     """
     num = qi.numel()
     if num == 0:
-        return torch.zeros(0, dtype=torch.long, device=qi.device)
+        return torch.zeros(0, dtype=torch.long, device=qi.device), qi
     q_bits = max(1, int(qi.max()).bit_length())
     d_bits = min(52, 62 - q_bits)
     if d_bits < 8:  # astronomically many queries: fall back to three stable sorts
-        return _lexsort3(qi, d2, gj)
+        order = _lexsort3(qi, d2, gj)
+        return order, qi.index_select(0, order)
     top = float(d2.max())
     scale = (2.0**d_bits - 1) / top if top > 0 else 0.0
     quant = torch.floor(d2 * scale).long().clamp_(0, 2**d_bits - 1)  # monotone in d2
@@ -67,7 +74,7 @@ def lexsort_pairs(qi: torch.Tensor, d2: torch.Tensor, gj: torch.Tensor) -> torch
         sub = order.index_select(0, pos)
         fixed = _lexsort3(sorted_key.index_select(0, pos), d2.index_select(0, sub), gj.index_select(0, sub))
         order.index_copy_(0, pos, sub.index_select(0, fixed))
-    return order
+    return order, sorted_key >> d_bits
 
 
 def _lexsort3(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -103,8 +110,8 @@ def select_rows(
     """
     device = qi.device
     gj = pj if point_gidx is None else point_gidx.index_select(0, pj)
-    order = lexsort_pairs(qi, d2, gj)
-    qi, pj, d2 = qi.index_select(0, order), pj.index_select(0, order), d2.index_select(0, order)
+    order, qi = _lexsort_pairs(qi, d2, gj)
+    pj = pj.index_select(0, order)
     per_query = torch.bincount(qi, minlength=num_queries)
     starts = torch.cumsum(per_query, 0) - per_query
     rank = torch.arange(qi.numel(), device=device) - starts.index_select(0, qi)
@@ -113,7 +120,7 @@ def select_rows(
     index = torch.full((num_queries * max_neighbors,), -1, dtype=torch.long, device=device)
     dist2 = torch.full((num_queries * max_neighbors,), torch.inf, dtype=torch.float64, device=device)
     index.index_copy_(0, slot, pj.index_select(0, keep))
-    dist2.index_copy_(0, slot, d2.index_select(0, keep))
+    dist2.index_copy_(0, slot, d2.index_select(0, order.index_select(0, keep)))
     return (
         index.view(num_queries, max_neighbors),
         per_query.clamp(max=max_neighbors),
