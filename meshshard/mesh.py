@@ -47,13 +47,32 @@ def init_mesh(
     backend:
         ``"nccl"`` when CUDA is available, else ``"gloo"``, unless given.
     timeout:
-        Process-group timeout in seconds (default ``MESHSHARD_TIMEOUT`` or 300).
+        Process-group timeout in seconds (default ``MESHSHARD_TIMEOUT`` or 300), used when this call
+        creates the process group. Every collective runs under it: a rank blocked on a peer that is
+        stuck raises after ``timeout`` seconds; a rank whose peer died raises as soon as the backend
+        notices. Either way the error is a :class:`~meshshard.errors.CollectiveError` that names
+        the failing rank and the operation (see :mod:`meshshard.faults`).
     """
+    if shape is not None and not isinstance(shape, (int, tuple, list)) or isinstance(shape, bool):
+        raise TypeError(f"shape must be None, an int P or a tuple (dp, domain) (got {type(shape).__name__})")
+    if isinstance(shape, (tuple, list)) and not all(hasattr(s, "__index__") and not isinstance(s, bool) for s in shape):
+        raise TypeError(f"shape must hold ints (got {shape!r})")
+    if backend is not None and backend not in ("gloo", "nccl", "mpi", "ucc", "xccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
+    if timeout is None and not dist.is_initialized():
+        raw = os.environ.get("MESHSHARD_TIMEOUT", str(DEFAULT_TIMEOUT_S))
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise ValueError(f"MESHSHARD_TIMEOUT must be a number of seconds (got {raw!r})") from None
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds (got {type(timeout).__name__})")
+        if not (timeout > 0 and timeout < float("inf")):
+            raise ValueError(f"timeout must be positive and finite (got {timeout})")
     if not dist.is_initialized():
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if timeout is None:
-            timeout = float(os.environ.get("MESHSHARD_TIMEOUT", DEFAULT_TIMEOUT_S))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))

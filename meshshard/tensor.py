@@ -129,7 +129,30 @@ def _local_rank_of(mesh: DeviceMesh, mesh_dim: int) -> int:
     return _cached(mesh, mesh_dim)[1]
 
 
+def _as_sizes(value: Any, name: str) -> tuple[int, ...]:
+    """``value`` (a sequence or 1-D tensor of non-negative ints) as a tuple, else an error naming ``name``."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints (got {value.dtype} "
+                            f"of shape {tuple(value.shape)})")
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__array__"):
+        raise TypeError(f"{name} must be a sequence of ints (got {type(value).__name__})")
+    out = []
+    for v in list(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__index__"):
+            raise TypeError(f"{name} must hold ints (got {type(v).__name__} in {list(value)!r})")
+        if isinstance(v, float) and not v.is_integer():
+            raise TypeError(f"{name} must hold ints (got {v!r})")
+        out.append(int(v))
+    if any(v < 0 for v in out):
+        raise ValueError(f"{name} must be non-negative (got {tuple(out)})")
+    return tuple(out)
+
+
 def _norm_mesh_dim(mesh: DeviceMesh, mesh_dim: int | str | None) -> int:
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"Expected 'mesh' to be a DeviceMesh (got {type(mesh).__name__})")
     if mesh_dim is None:
         return mesh.ndim - 1
     if isinstance(mesh_dim, str):
@@ -205,15 +228,11 @@ class ShardTensor(torch.Tensor):
         if sizes is None:
             sizes_t = comm.all_gather_object_sizes(n_local, group, device=local.device)
         else:
-            if isinstance(sizes, torch.Tensor):
-                sizes = sizes.tolist()
-            sizes_t = tuple(int(s) for s in sizes)
+            sizes_t = _as_sizes(sizes, "sizes")
             if len(sizes_t) != world:
                 raise ValueError(
                     f"sizes must have one entry per rank of mesh axis {mdim} ({world}) (got {len(sizes_t)}: {sizes_t})"
                 )
-            if any(s < 0 for s in sizes_t):
-                raise ValueError(f"sizes must be non-negative (got {sizes_t})")
             if sizes_t[rank] != n_local:
                 raise ValueError(
                     f"[rank {rank}] sizes[{rank}] = {sizes_t[rank]} but the local tensor has {n_local} "
@@ -278,9 +297,7 @@ class ShardTensor(torch.Tensor):
         owner (its own block is copied locally by the collective).
         """
         spec = self._spec
-        if isinstance(new_sizes, torch.Tensor):
-            new_sizes = new_sizes.tolist()
-        new_sizes = tuple(int(s) for s in new_sizes)
+        new_sizes = _as_sizes(new_sizes, "new_sizes")
         if len(new_sizes) != spec.num_ranks or any(s < 0 for s in new_sizes):
             raise ValueError(f"new_sizes must be {spec.num_ranks} non-negative ints (got {new_sizes})")
         if sum(new_sizes) != spec.num_global:
@@ -472,15 +489,16 @@ def scatter(
         raise TypeError(f"Expected 'global_tensor' to be a torch.Tensor (got {type(global_tensor).__name__})")
     if isinstance(global_tensor, ShardTensor):
         raise TypeError("scatter expects a plain (global) tensor, got a ShardTensor")
-    dim %= max(global_tensor.dim(), 1)
+    if global_tensor.dim() == 0:
+        raise ValueError("global_tensor must have at least one dimension to shard (got a 0-d tensor)")
+    if not -global_tensor.dim() <= dim < global_tensor.dim():
+        raise ValueError(f"dim must be in [-{global_tensor.dim()}, {global_tensor.dim()}) (got {dim})")
+    dim %= global_tensor.dim()
     mdim = _norm_mesh_dim(mesh, mesh_dim)
     rank = _local_rank_of(mesh, mdim)
     n = global_tensor.shape[dim]
     perm = getattr(partition, "perm", None)
-    sizes = partition.sizes if perm is not None else partition
-    if isinstance(sizes, torch.Tensor):
-        sizes = sizes.tolist()
-    sizes = tuple(int(s) for s in sizes)
+    sizes = _as_sizes(partition.sizes if perm is not None else partition, "partition")
     if len(sizes) != mesh.size(mdim):
         raise ValueError(
             f"the partition has {len(sizes)} parts but mesh axis {mdim} has {mesh.size(mdim)} ranks"
@@ -488,6 +506,8 @@ def scatter(
     if sum(sizes) != n:
         raise ValueError(f"the partition covers {sum(sizes)} points but global_tensor has {n} along dim {dim}")
     start = sum(sizes[:rank])
+    if perm is not None and (not isinstance(perm, torch.Tensor) or perm.numel() != n):
+        raise ValueError(f"partition.perm must be a tensor of {n} indices (got {getattr(perm, 'shape', perm)})")
     if perm is None:
         local = global_tensor.narrow(dim, start, sizes[rank])
     else:
