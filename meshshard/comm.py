@@ -21,6 +21,7 @@ partial, so :func:`meshshard.nn.sync_gradients` is one uniform sum. Consequences
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -39,7 +40,9 @@ __all__ = [
     "all_gather_object_sizes",
     "all_reduce_",
     "all_to_all",
+    "check_split_sizes",
     "gather_uneven",
+    "validate_enabled",
 ]
 
 _ACTIVE: list[CommCounter] = []
@@ -75,6 +78,15 @@ class CommCounter:
     def __exit__(self, *exc: object) -> None:
         with _LOCK:
             _ACTIVE.remove(self)
+
+
+def validate_enabled() -> bool:
+    """Whether opt-in cross-rank consistency checks run (``MESHSHARD_VALIDATE=1``).
+
+    They cost one small collective each: sharding sizes in ``ShardTensor.from_local`` and the
+    split sizes of every :func:`all_to_all` (hence every halo plan and halo exchange).
+    """
+    return os.environ.get("MESHSHARD_VALIDATE", "0") not in ("", "0", "false", "False")
 
 
 def _record(name: str, nbytes: int) -> None:
@@ -207,7 +219,46 @@ def all_to_all(
         raise exc
     if _world(group) == 1:
         return tensor
+    if validate_enabled():
+        check_split_sizes(send_sizes, recv_sizes, group)
     return _AllToAll.apply(tensor, tuple(map(int, send_sizes)), tuple(map(int, recv_sizes)), group)
+
+
+def check_split_sizes(
+    send_sizes: Sequence[int], recv_sizes: Sequence[int], group: dist.ProcessGroup | None = None
+) -> None:
+    """Check that what every rank sends each peer is what that peer expects to receive.
+
+    An uneven all-to-all whose split sizes disagree between ranks corrupts data or hangs; this
+    check turns it into a :class:`~meshshard.errors.ShardingError` raised on **every** rank, naming
+    each disagreeing pair. Run by :func:`all_to_all` under ``MESHSHARD_VALIDATE=1``.
+
+    **Communication:** one ``all_gather`` of ``2 P`` int64 per rank.
+    """
+    from .errors import ShardingError
+
+    world = _world(group)
+    if len(send_sizes) != world or len(recv_sizes) != world:
+        raise ValueError(
+            f"send_sizes and recv_sizes must have one entry per rank ({world}) "
+            f"(got {len(send_sizes)} and {len(recv_sizes)})"
+        )
+    mine = torch.tensor([*map(int, send_sizes), *map(int, recv_sizes)], dtype=torch.long)
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        mine = mine.cuda()
+    table = all_gather(mine, group).cpu()
+    send, recv = table[:, :world], table[:, world:]  # send[r, s]: rows r sends s; recv[s, r]: rows s expects from r
+    bad = (send != recv.t()).nonzero().tolist()
+    if bad:
+        ranks = dist.get_process_group_ranks(group) if group is not None and dist.is_initialized() else None
+        name = (lambda i: ranks[i]) if ranks else (lambda i: i)
+        me = dist.get_rank() if dist.is_initialized() else 0
+        pairs = "; ".join(
+            f"rank {name(r)} sends {int(send[r, s])} rows to rank {name(s)}, which expects {int(recv[s, r])}"
+            for r, s in bad[:8]
+        )
+        more = f" (and {len(bad) - 8} more)" if len(bad) > 8 else ""
+        raise ShardingError(f"[rank {me}] all_to_all split sizes disagree between ranks: {pairs}{more}")
 
 
 class _GatherUneven(torch.autograd.Function):

@@ -185,6 +185,7 @@ def _context() -> str:
             and "meshshard/" in where
             and not where.endswith(("meshshard/comm.py", "meshshard/faults.py", "meshshard/tensor.py"))
             and "/_rules_" not in where
+            and "meshshard/testing/" not in where
         ):
             caller = getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back

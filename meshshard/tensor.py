@@ -25,7 +25,6 @@ tensor's. Use ``x.mean(dim)`` rather than ``x.sum(dim) / x.shape[dim]``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,9 +39,7 @@ from .errors import ShardingError
 __all__ = ["ShardSpec", "ShardTensor", "ReplicatedTensor", "scatter", "validate_enabled"]
 
 
-def validate_enabled() -> bool:
-    """Whether opt-in cross-rank consistency checks run (``MESHSHARD_VALIDATE=1``)."""
-    return os.environ.get("MESHSHARD_VALIDATE", "0") not in ("", "0", "false", "False")
+validate_enabled = comm.validate_enabled  # the one switch, shared with the collectives
 
 
 @dataclass(frozen=True)
@@ -129,7 +126,7 @@ def _local_rank_of(mesh: DeviceMesh, mesh_dim: int) -> int:
     return _cached(mesh, mesh_dim)[1]
 
 
-def _as_sizes(value: Any, name: str) -> tuple[int, ...]:
+def _as_sizes(value: Any, name: str, check_sign: bool = True) -> tuple[int, ...]:
     """``value`` (a sequence or 1-D tensor of non-negative ints) as a tuple, else an error naming ``name``."""
     if isinstance(value, torch.Tensor):
         if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
@@ -145,7 +142,7 @@ def _as_sizes(value: Any, name: str) -> tuple[int, ...]:
         if isinstance(v, float) and not v.is_integer():
             raise TypeError(f"{name} must hold ints (got {v!r})")
         out.append(int(v))
-    if any(v < 0 for v in out):
+    if check_sign and any(v < 0 for v in out):
         raise ValueError(f"{name} must be non-negative (got {tuple(out)})")
     return tuple(out)
 
@@ -297,7 +294,7 @@ class ShardTensor(torch.Tensor):
         owner (its own block is copied locally by the collective).
         """
         spec = self._spec
-        new_sizes = _as_sizes(new_sizes, "new_sizes")
+        new_sizes = _as_sizes(new_sizes, "new_sizes", check_sign=False)
         if len(new_sizes) != spec.num_ranks or any(s < 0 for s in new_sizes):
             raise ValueError(f"new_sizes must be {spec.num_ranks} non-negative ints (got {new_sizes})")
         if sum(new_sizes) != spec.num_global:
@@ -345,14 +342,8 @@ class ShardTensor(torch.Tensor):
         """
         spec = self._spec
         with torch._C.DisableTorchFunctionSubclass():
-            local_shape = tuple(self.shape)
-        n_local = local_shape[spec.dim]
-        if n_local != spec.sizes[spec.rank]:
-            raise ShardingError(
-                f"[rank {spec.rank}] the local shard has {n_local} entries along dim {spec.dim} but the spec says "
-                f"sharding_sizes[{spec.rank}] = {spec.sizes[spec.rank]} (sizes {spec.sizes})"
-            )
-        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, self.device, tuple(spec.global_shape))
+            n_local = self.shape[spec.dim]
+        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, self.device, tuple(spec.global_shape), n_local)
         return self
 
     @classmethod
@@ -379,29 +370,45 @@ def _wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
 
 
 def _check_same_on_all_ranks(
-    sizes: tuple[int, ...], group, rank: int, device, global_shape: tuple[int, ...] = ()
+    sizes: tuple[int, ...],
+    group,
+    rank: int,
+    device,
+    global_shape: tuple[int, ...] = (),
+    n_local: int | None = None,
 ) -> None:
-    """Raise :class:`ShardingError` on every rank unless all ranks hold the same sizes (and shape)."""
+    """Raise :class:`ShardingError` on **every** rank unless all ranks hold the same sizes (and
+    shape), and (given ``n_local``) every rank's local length is its entry of the sizes.
+
+    One ``all_gather``; every rank sees every rank's view, so all raise together (none is left
+    waiting in a later collective).
+    """
     world = len(sizes)
     if dist.get_world_size(group) != world:
         raise ShardingError(
             f"[rank {rank}] the spec has {world} sharding sizes but the process group has "
             f"{dist.get_world_size(group)} ranks"
         )
-    mine = torch.tensor([*sizes, *global_shape], dtype=torch.long, device=device)
-    everyone = comm.all_gather(mine, group)
-    differ = [r for r in range(world) if not torch.equal(everyone[r], mine)]
+    local = sizes[rank] if n_local is None else n_local
+    mine = torch.tensor([*sizes, *global_shape, local], dtype=torch.long, device=device)
+    everyone = comm.all_gather(mine, group).cpu()
+    views = everyone[:, :-1]
+    differ = [r for r in range(world) if not torch.equal(views[r], views[rank])]
     if differ:
-        what = "sharding sizes" if any(
-            not torch.equal(everyone[r, :world], mine[:world]) for r in differ
-        ) else "global shapes"
+        what = "sharding sizes" if any(not torch.equal(views[r, :world], views[rank, :world]) for r in differ) else (
+            "global shapes"
+        )
         detail = "; ".join(
-            f"rank {r} has {tuple(everyone[r, :world].tolist())}"
-            + (f" shape {tuple(everyone[r, world:].tolist())}" if global_shape else "")
+            f"rank {r} has {tuple(views[r, :world].tolist())}"
+            + (f" shape {tuple(views[r, world:].tolist())}" if global_shape else "")
             for r in range(world)
         )
+        raise ShardingError(f"[rank {rank}] {what} disagree between ranks {[rank, *differ]}: {detail}")
+    wrong = [r for r in range(world) if int(everyone[r, -1]) != sizes[r]]
+    if wrong:
+        detail = "; ".join(f"rank {r} holds {int(everyone[r, -1])} (sharding_sizes[{r}] = {sizes[r]})" for r in wrong)
         raise ShardingError(
-            f"[rank {rank}] {what} disagree between ranks {[rank, *differ]}: {detail}"
+            f"[rank {rank}] local shard lengths do not match the spec on ranks {wrong}: {detail}"
         )
 
 
@@ -438,9 +445,10 @@ class ReplicatedTensor(torch.Tensor):
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            gradient = torch.full_like(self.as_subclass(torch.Tensor), 1.0 / self._group_size)
-        with torch._C.DisableTorchFunctionSubclass():
-            torch.Tensor.backward(self, gradient, retain_graph, create_graph, inputs)
+            gradient = torch.full_like(self.to_plain(), 1.0 / self._group_size)
+        # Not under DisableTorchFunctionSubclass: that state would carry into the backward pass,
+        # and a checkpointed block recomputed there would see plain tensors and skip its collectives.
+        torch.autograd.backward(self.to_plain(), gradient, retain_graph, create_graph, inputs=inputs)
 
     def to_plain(self) -> torch.Tensor:
         """A plain-tensor alias (its ``backward()`` seeds 1, not ``1 / P``)."""

@@ -224,7 +224,7 @@ CASES = [
     ("scatter/None partition", lambda e: ms.scatter(e.pts, None, e.mesh), T, r"partition must be a sequence"),
     ("scatter/mesh string", lambda e: ms.scatter(e.pts, [20], "mesh"), T, r"'mesh' to be a DeviceMesh"),
     ("scatter/dim", lambda e: ms.scatter(e.pts, [20], e.mesh, dim=2), V, r"dim must be in \[-2, 2\)"),
-    ("reshard/negative", lambda e: e.x.reshard([-1]), V, r"new_sizes must be non-negative"),
+    ("reshard/negative", lambda e: e.x.reshard([-1]), V, r"new_sizes must be 1 non-negative ints \(got \(-1,\)\)"),
     ("reshard/sum", lambda e: e.x.reshard([19]), V, r"new_sizes must sum to N_global = 20"),
     ("reshard/count", lambda e: e.x.reshard([10, 10]), V, r"new_sizes must be 1 non-negative ints"),
     ("reshard/string", lambda e: e.x.reshard("20"), T, r"new_sizes must be a sequence of ints"),
