@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
@@ -15,16 +12,6 @@ from ..tensor import ShardTensor
 from .physics_attention import PhysicsAttention, _check_positive_int
 
 __all__ = ["Transolver", "TransolverBlock", "chunked_forward"]
-
-
-@contextlib.contextmanager
-def _torch_function_enabled() -> Iterator[None]:
-    old = torch._C._get_torch_function_state()
-    torch._C._set_torch_function_state(torch._C._TorchFunctionState.ENABLED)
-    try:
-        yield
-    finally:
-        torch._C._set_torch_function_state(old)
 
 
 def _mlp(dim_in: int, dim_hidden: int, dim_out: int) -> nn.Sequential:
@@ -81,19 +68,11 @@ class TransolverBlock(nn.Module):
         x = x + self.attn(self.ln_1(x), dropout_seed)
         return x + self.mlp(self.ln_2(x))
 
-    def _recompute(self, x: torch.Tensor, dropout_seed: int | None) -> torch.Tensor:
-        # ``loss.backward()`` on a ShardTensor/ReplicatedTensor runs autograd with subclass
-        # ``__torch_function__`` disabled, and the engine carries that state into the
-        # recomputation; without re-enabling it the recomputed block would see plain local tensors
-        # and skip its all-reduce (wrong gradients on more than one rank).
-        with _torch_function_enabled():
-            return self._forward(x, dropout_seed)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # drawn outside the checkpoint so that the recomputation uses the same attention mask
         seed = self.attn.next_dropout_seed()
         if self.checkpoint and torch.is_grad_enabled():
-            return _checkpoint(self._recompute, x, seed, use_reentrant=False)
+            return _checkpoint(self._forward, x, seed, use_reentrant=False)
         return self._forward(x, seed)
 
 

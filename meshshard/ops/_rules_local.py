@@ -23,7 +23,7 @@ retains_grad _version output_nr names _backward_hooks
 """.split()
 _PASSTHROUGH_METHODS = """
 dim ndimension size numel nelement element_size is_contiguous is_floating_point is_complex get_device data_ptr
-stride storage_offset untyped_storage __len__ __hash__ __format__ __dir__ backward register_hook retain_grad
+stride storage_offset untyped_storage __len__ __hash__ __format__ __dir__ register_hook retain_grad
 is_signed __setstate__ _is_view is_pinned has_names is_inference
 """.split()
 
@@ -47,6 +47,13 @@ _PASSTHROUGH = _collect_passthrough()
 def _passthrough(func, args, kwargs):
     with no_subclass():
         return func(*args, **kwargs)
+
+
+@register(T.backward)
+def _backward(func, args, kwargs):
+    """``x.backward(...)`` on a shard: a local backward, with subclass dispatch still on (see ReplicatedTensor)."""
+    x, *rest = args
+    torch.autograd.backward(x.to_local(), *rest, **kwargs)
 
 
 @register(T.as_subclass)
