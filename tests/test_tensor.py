@@ -163,4 +163,4 @@ def test_reshard_rejects_bad_sizes():
     msgs = run_distributed(_reshard_errors, 2)[0]
     assert "must sum to N_global = 4" in msgs[0]
     assert "new_sizes must be 2 non-negative ints (got (4,))" in msgs[1]
-    assert "new_sizes must be non-negative (got (5, -1))" in msgs[2]
+    assert "new_sizes must be 2 non-negative ints (got (5, -1))" in msgs[2]
