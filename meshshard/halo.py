@@ -34,7 +34,7 @@ from . import comm
 from .ops._kernels import radius_pairs, sq_dist
 from .tensor import ShardTensor
 
-__all__ = ["HaloPlan", "check_radius", "simulate_halo"]
+__all__ = ["HaloPlan", "check_coordinates", "check_radius", "simulate_halo"]
 
 #: Elements of one block of the point-to-box distance test.
 _BOX_BLOCK = 1 << 22
@@ -50,6 +50,32 @@ def check_radius(radius: Any, name: str = "radius") -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be positive and finite (got {value})")
     return value
+
+
+def check_coordinates(x: Any, name: str = "points") -> torch.Tensor:
+    """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
+
+    A :class:`~meshshard.ShardTensor` is checked on its local shard only (no communication). The
+    finiteness check is one reduction, which on CUDA costs one host sync.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or ShardTensor (got {type(x).__name__})")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must hold floating-point coordinates (got {x.dtype})")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape (N, D) (got {tuple(x.shape)})")
+    check_values(x, name)
+    return x
+
+
+def check_values(x: torch.Tensor, name: str) -> None:
+    """Reject data-less ('meta') tensors and NaN/Inf values, checking a ShardTensor's local shard."""
+    local = (x.to_local() if isinstance(x, ShardTensor) else x).detach()
+    if local.device.type == "meta":
+        raise ValueError(f"{name} must hold data (got a tensor on the 'meta' device)")
+    if not bool(torch.isfinite(local).all()):
+        bad = int((~torch.isfinite(local)).sum())
+        raise ValueError(f"{name} must be finite (got {bad} NaN/Inf values)")
 
 
 # -- pure plan core (no communication) -------------------------------------------------------------
@@ -226,6 +252,9 @@ class HaloPlan:
         ``regions``), then three ``all_to_all``: ``P`` int64 counts, ``(D + 1)`` float64 per
         candidate ghost, and one byte per candidate back. Nothing on a plain tensor.
         """
+        check_coordinates(points, "points")
+        if queries is not None and queries is not points:
+            check_coordinates(queries, "queries")
         if regions is not None and isinstance(radius, torch.Tensor):
             raise ValueError("regions can only be used with a scalar radius (got per-query radii)")
         if not isinstance(radius, torch.Tensor):

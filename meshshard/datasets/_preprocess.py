@@ -66,6 +66,7 @@ from ._store import (
     atomic_write_json,
     divisor_chains,
     nested_partition,
+    recover_dir,
     replace_dir,
     split_runs,
 )
@@ -111,7 +112,12 @@ def load_meta(store: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(store) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"store: {path} not found (run meshshard preprocess first)")
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"store: {path} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"store: {path} is not a {STORE_FORMAT} store (got a JSON {type(meta).__name__})")
     if meta.get("format") != STORE_FORMAT:
         raise ValueError(f"store: {path} is not a {STORE_FORMAT} store (format {meta.get('format')!r})")
     return meta
@@ -309,6 +315,7 @@ def preprocess(
     report = PreprocessReport(store=store)
     todo = []
     for run in source.runs:
+        recover_dir(runs_dir / f"run_{run}")  # a crash inside replace_dir may have left only the backup
         info = _read_run_info(runs_dir / f"run_{run}")
         if info is not None and info.get("config") == config:
             report.skipped.append(run)

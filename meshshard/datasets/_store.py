@@ -23,9 +23,11 @@ __all__ = [
     "NpyHeader",
     "atomic_write_json",
     "divisor_chains",
+    "live_dir",
     "nested_partition",
     "read_npy_header",
     "read_rows",
+    "recover_dir",
     "replace_dir",
     "split_runs",
 ]
@@ -44,19 +46,56 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
-    """Move a fully written ``tmp_dir`` to ``final_dir``; an old ``final_dir`` is swapped out first.
+def _backup_dir(final_dir: Path) -> Path:
+    return final_dir.with_name(f".old-{final_dir.name}")
 
-    ``os.rename`` of a directory is atomic, so a reader sees either the old or the new run,
-    never a half-written one.
+
+def replace_dir(tmp_dir: Path, final_dir: Path) -> None:
+    """Move a fully written ``tmp_dir`` to ``final_dir``, replacing an old ``final_dir``.
+
+    POSIX cannot rename a directory over a non-empty one, so an old ``final_dir`` is renamed to a
+    fixed backup name (``.old-<name>``) first, then ``tmp_dir`` to ``final_dir``, then the backup
+    is deleted. Each rename is atomic, so a reader sees the old or the new run, never a
+    half-written one. Between the two renames ``final_dir`` is briefly missing: if the second
+    rename fails the backup is put back at once, and if the process dies there instead,
+    :func:`recover_dir` (called by ``preprocess``) and :func:`live_dir` (used by readers) find the
+    backup, so the previous version stays readable.
     """
-    if final_dir.exists():
-        trash = final_dir.with_name(f".old-{final_dir.name}-{uuid.uuid4().hex}")
-        os.rename(final_dir, trash)
+    recover_dir(final_dir)
+    if not final_dir.exists():
         os.rename(tmp_dir, final_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
+        return
+    backup = _backup_dir(final_dir)
+    shutil.rmtree(backup, ignore_errors=True)  # a stale one: final_dir is in place, so it is not needed
+    os.rename(final_dir, backup)
+    try:
         os.rename(tmp_dir, final_dir)
+    except BaseException:
+        os.rename(backup, final_dir)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def recover_dir(final_dir: Path) -> None:
+    """Put back the backup of ``final_dir`` left by a crash inside :func:`replace_dir`, if any."""
+    backup = _backup_dir(final_dir)
+    if not final_dir.exists() and backup.is_dir():
+        try:
+            os.rename(backup, final_dir)
+        except FileNotFoundError:  # another process recovered it first
+            pass
+
+
+def live_dir(final_dir: Path) -> Path:
+    """``final_dir``, or its backup while a crash inside :func:`replace_dir` left only the backup.
+
+    For readers: read-only, so it is safe from many ranks at once.
+    """
+    if not final_dir.exists():
+        backup = _backup_dir(final_dir)
+        if backup.is_dir():
+            return backup
+    return final_dir
 
 
 @dataclass(frozen=True)
@@ -79,13 +118,15 @@ class NpyHeader:
 def read_npy_header(path: Path) -> NpyHeader:
     """Parse the header of a C-ordered ``.npy`` file (no data is read)."""
     with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"{path}: unsupported .npy format version {version}")
+        try:
+            version = np.lib.format.read_magic(f)
+            readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            read_header = readers.get(version)
+            if read_header is None:
+                raise ValueError(f"unsupported .npy format version {version}")
+            shape, fortran, dtype = read_header(f)
+        except ValueError as exc:  # numpy's messages ("EOF: reading array header") do not name the file
+            raise ValueError(f"{path}: corrupt .npy header ({exc})") from None
         offset = f.tell()
     if fortran:
         raise ValueError(f"{path}: Fortran-ordered arrays are not supported in a store")

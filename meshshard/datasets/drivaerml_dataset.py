@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ._preprocess import load_meta
-from ._store import NpyHeader, read_npy_header, read_rows
+from ._store import NpyHeader, live_dir, read_npy_header, read_rows
 
 __all__ = ["DrivaerMLDataset", "GEOMETRY"]
 
@@ -237,7 +237,7 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
         sizes = self.sizes(index)
         start = sum(sizes[: self.rank])
         stop = start + sizes[self.rank]
-        folder = self.store / "runs" / f"run_{run}" / self.kind / self._order
+        folder = live_dir(self.store / "runs" / f"run_{run}") / self.kind / self._order
         names = list(self.fields) + (["perm"] if self.return_index else [])
         pick, out_sizes = self._subsample(run, sizes)
         tensors: dict[str, torch.Tensor] = {}

@@ -114,6 +114,9 @@ def _as_points(value: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must have shape (N, 3) or (N, 2) (got {tuple(points.shape)})")
     if points.dtype.kind != "f":
         points = points.astype(np.float64)
+    finite = np.isfinite(points)
+    if not finite.all():
+        raise ValueError(f"{name} must be finite (got {int((~finite).sum())} NaN/Inf values)")
     if points.shape[1] == 2:  # VTK points are 3-D: a planar cloud gets z = 0
         points = np.concatenate([points, np.zeros((points.shape[0], 1), dtype=points.dtype)], axis=1)
     return points

@@ -23,6 +23,8 @@ def sync_gradients(module: torch.nn.Module, mesh: DeviceMesh, *, domain_dim: int
     **Communication:** one ``all_reduce`` over the domain group of all gradients flattened into
     one buffer (per dtype), plus one over the data-parallel group on a 2-D mesh.
     """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"Expected 'module' to be a torch.nn.Module (got {type(module).__name__})")
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"Expected 'mesh' to be a DeviceMesh (got {type(mesh).__name__})")
     params = [p for p in module.parameters() if p.grad is not None]

@@ -25,6 +25,15 @@ def _check_positive_int(value: int, name: str) -> int:
     return value
 
 
+def _check_dtype_and_device(x: torch.Tensor, module: nn.Module) -> None:
+    """Floating ``x`` on the device of ``module``'s parameters (metadata only: no sync)."""
+    if not x.is_floating_point():
+        raise TypeError(f"x must be floating-point (got {x.dtype})")
+    p = next(module.parameters(), None)
+    if p is not None and x.device != p.device:
+        raise ValueError(f"x is on device {x.device} but the model's parameters are on device {p.device}")
+
+
 class PhysicsAttention(nn.Module):
     r"""Physics attention for irregular meshes (Transolver, Wu et al., ICML 2024).
 
@@ -199,6 +208,7 @@ class PhysicsAttention(nn.Module):
                 f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim} of shape "
                 f"{tuple(x.global_shape)})"
             )
+        _check_dtype_and_device(x, self)
         unbatched = x.dim() == 2
         if unbatched:
             x = x.unsqueeze(0)

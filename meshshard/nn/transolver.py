@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from .._dispatch import wrap
 from ..ops.physics_attention import finish_slice_tokens, slice_sums
 from ..tensor import ShardTensor
-from .physics_attention import PhysicsAttention, _check_positive_int
+from .physics_attention import PhysicsAttention, _check_dtype_and_device, _check_positive_int
 
 __all__ = ["Transolver", "TransolverBlock", "chunked_forward"]
 
@@ -184,6 +184,7 @@ class Transolver(nn.Module):
             raise ValueError(
                 f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim})"
             )
+        _check_dtype_and_device(x, self)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Per-point lifting to the hidden width: ``(..., N, in_dim)`` -> ``(..., N, n_hidden)``."""

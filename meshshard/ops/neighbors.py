@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ShardingError
-from ..halo import HaloPlan, check_radius
+from ..halo import HaloPlan, check_radius, check_values
 from ..tensor import ShardSpec, ShardTensor
 from ._kernels import check_backend, knn_bound, nearest_neighbors
 
@@ -109,6 +109,7 @@ def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Te
     """Validated ``(points, queries, self_query)``; ``queries=None`` means the points themselves."""
     points = _check_coords(points, "points")
     if queries is None or queries is points:
+        check_values(points, "points")
         return points, points, True
     queries = _check_coords(queries, "queries")
     if queries.shape[1] != points.shape[1]:
@@ -130,6 +131,8 @@ def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Te
             )
     if points.device != queries.device:
         raise ValueError(f"points and queries must be on one device (got {points.device} and {queries.device})")
+    check_values(points, "points")
+    check_values(queries, "queries")
     return points, queries, False
 
 
