@@ -42,6 +42,8 @@ def as_points(points: Any, name: str = "points") -> torch.Tensor:
         )
     if points.dtype == torch.bool or points.is_complex():
         raise TypeError(f"{name} must hold real numbers (got {points.dtype})")
+    if points.device.type == "meta":
+        raise ValueError(f"{name} must hold data on a real device such as cpu or cuda (got device 'meta')")
     if not points.is_floating_point():
         points = points.to(torch.float64)
     if points.ndim != 2 or points.shape[1] not in (2, 3):
