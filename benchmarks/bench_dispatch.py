@@ -3,7 +3,8 @@
 Each op runs on a small local shard (64 x 32 per rank) so the time is dominated by dispatch, not
 arithmetic. DTensor gets *even* shards (its uneven path is wrong here), weights as replicated
 DTensors; ShardTensor gets the same even sizes. Overhead = time - plain time, median of repeats.
-Target (issue 4): ShardTensor's overhead at most half of DTensor's on the local ops.
+Target (issue 4): ShardTensor's overhead at most half of DTensor's on the local ops. The ``floor``
+column is an empty ``__torch_function__`` subclass: the least any Python-level dispatch can cost.
 
     .venv/bin/python benchmarks/bench_dispatch.py [--quick]
 """
@@ -35,6 +36,20 @@ def _ops():
     }
 
 
+def _floor_subclass():
+    """The cheapest possible ``__torch_function__`` subclass: the floor of any Python-level dispatch."""
+    import torch
+
+    class Floor(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            with torch._C.DisableTorchFunctionSubclass():
+                out = func(*args, **(kwargs or {}))
+            return out.as_subclass(Floor) if type(out) is torch.Tensor else out
+
+    return Floor
+
+
 def _bench(repeats: int, inner: int):
     import torch
     import torch.distributed as dist
@@ -51,10 +66,12 @@ def _bench(repeats: int, inner: int):
     st = ms.ShardTensor.from_local(local, mesh, sizes=[n] * world)
     dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
     wd, bd = distribute_tensor(w, mesh, [Replicate()]), distribute_tensor(b, mesh, [Replicate()])
+    floor = local.as_subclass(_floor_subclass())
     out = {}
     for name, op in _ops().items():
         row = {}
-        for kind, (x, ww, bb) in {"torch": (local, w, b), "ShardTensor": (st, w, b), "DTensor": (dt, wd, bd)}.items():
+        kinds = {"torch": (local, w, b), "floor": (floor, w, b), "ShardTensor": (st, w, b), "DTensor": (dt, wd, bd)}
+        for kind, (x, ww, bb) in kinds.items():
             for _ in range(5):
                 op(x, ww, bb)
             times = []
@@ -75,7 +92,7 @@ def main(quick: bool = False) -> dict:
 
     repeats, inner = (5, 50) if quick else (15, 200)
     res = run_distributed(_bench, 2, repeats, inner, timeout=300)[0]
-    print(f"{'op (2 ranks, 64x32 local)':<26}{'torch us':>10}{'Shard us':>10}{'DTensor us':>11}"
+    print(f"{'op (2 ranks, 64x32 local)':<26}{'torch us':>10}{'floor us':>10}{'Shard us':>10}{'DTensor us':>11}"
           f"{'Shard ovh':>10}{'DT ovh':>9}{'ratio':>7}")
     local_ratios = []
     for name, r in res.items():
@@ -84,8 +101,8 @@ def main(quick: bool = False) -> dict:
         r.update(shard_overhead_us=so, dtensor_overhead_us=do, overhead_ratio=ratio)
         if "all-reduce" not in name:
             local_ratios.append(ratio)
-        print(f"{name:<26}{r['torch']:>10.1f}{r['ShardTensor']:>10.1f}{r['DTensor']:>11.1f}{so:>10.1f}{do:>9.1f}"
-              f"{ratio:>7.2f}")
+        print(f"{name:<26}{r['torch']:>10.1f}{r['floor']:>10.1f}{r['ShardTensor']:>10.1f}{r['DTensor']:>11.1f}"
+              f"{so:>10.1f}{do:>9.1f}{ratio:>7.2f}")
     mean_ratio = sum(local_ratios) / len(local_ratios)
     worst = max(local_ratios)
     print(f"ShardTensor overhead / DTensor overhead on local ops: mean {mean_ratio:.2f}, worst {worst:.2f} "
@@ -105,9 +122,9 @@ def _plot(res: dict, path: Path) -> None:
 
     names = list(res)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.27
-    for i, kind in enumerate(("torch", "ShardTensor", "DTensor")):
-        ax.bar([j + (i - 1) * width for j in range(len(names))], [res[n][kind] for n in names], width, label=kind)
+    width = 0.2
+    for i, kind in enumerate(("torch", "floor", "ShardTensor", "DTensor")):
+        ax.bar([j + (i - 1.5) * width for j in range(len(names))], [res[n][kind] for n in names], width, label=kind)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30, ha="right")
     ax.set_ylabel("time per op (us), 2 gloo ranks")

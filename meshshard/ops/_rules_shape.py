@@ -103,8 +103,7 @@ def _structural(func, args, kwargs):
 
 
 register(
-    T.__getitem__, T.unsqueeze, torch.unsqueeze, T.transpose, torch.transpose, T.swapaxes, torch.swapaxes,
-    T.swapdims, torch.swapdims, T.permute, torch.permute, T.movedim, torch.movedim, T.moveaxis, torch.moveaxis,
+    T.__getitem__, T.movedim, torch.movedim, T.moveaxis, torch.moveaxis,
     T.t, torch.t, T.T.__get__, T.mT.__get__, T.flatten, torch.flatten, T.unflatten, torch.unflatten, T.narrow,
     torch.narrow, T.select, torch.select, T.chunk, torch.chunk, T.split, torch.split, T.unbind, torch.unbind,
     T.tensor_split, torch.tensor_split, T.expand, T.expand_as, T.repeat, T.flip, torch.flip, T.roll, torch.roll,
@@ -173,3 +172,50 @@ def _reshape(func, args, kwargs):
             "reshape only the non-sharded dims (or use unsqueeze/flatten with explicit dims)"
         )
     return wrap(out, x._spec, cands[0])
+
+
+# The most frequent views in attention code, with their shard-dim arithmetic written out (no simulation).
+def _single_shard(func, args, kwargs) -> ShardTensor | None:
+    x = args[0]
+    if not isinstance(x, ShardTensor) or kwargs or any(isinstance(a, torch.Tensor) for a in args[1:]):
+        return None
+    return x
+
+
+@register(T.transpose, torch.transpose, T.swapaxes, torch.swapaxes, T.swapdims, torch.swapdims)
+def _transpose(func, args, kwargs):
+    x = _single_shard(func, args, kwargs)
+    if x is None or len(args) != 3:
+        return _structural(func, args, kwargs)
+    nd, sd = len(x._spec.global_shape), x._spec.dim
+    d0, d1 = args[1] % nd, args[2] % nd
+    with no_subclass():
+        out = func(*args)
+    return wrap(out, x._spec, d1 if sd == d0 else d0 if sd == d1 else sd)
+
+
+@register(T.unsqueeze, torch.unsqueeze)
+def _unsqueeze(func, args, kwargs):
+    x = _single_shard(func, args, kwargs)
+    if x is None or len(args) != 2:
+        return _structural(func, args, kwargs)
+    sd = x._spec.dim
+    d = args[1] % (len(x._spec.global_shape) + 1)
+    with no_subclass():
+        out = func(*args)
+    return wrap(out, x._spec, sd + 1 if d <= sd else sd)
+
+
+@register(T.permute, torch.permute)
+def _permute(func, args, kwargs):
+    x = _single_shard(func, args, kwargs)
+    if x is None:
+        return _structural(func, args, kwargs)
+    dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
+    nd = len(x._spec.global_shape)
+    order = [int(d) % nd for d in dims]
+    if sorted(order) != list(range(nd)):
+        return _structural(func, args, kwargs)  # let torch raise its own error on the meta run
+    with no_subclass():
+        out = func(*args)
+    return wrap(out, x._spec, order.index(x._spec.dim))

@@ -50,6 +50,8 @@ CASES = {
     "cat_channels": lambda x: torch.cat([x, x**2], dim=1),
     "stack_channels": lambda x: torch.stack([x, -x], dim=-1).sum(-1),
     "unsqueeze_getitem": lambda x: x.unsqueeze(0)[0, :, 1:3],
+    "permute_swap": lambda x: torch.permute(x.unsqueeze(-1), (1, 0, 2)).squeeze(-1).permute(1, 0).swapaxes(0, 1).T,
+    "unsqueeze_neg": lambda x: torch.unsqueeze(x, -3).transpose(-1, -2).sum(0),
     "cumsum_channels": lambda x: x.cumsum(1),
     "where": lambda x: torch.where(x > 0, x, x * 0.1),
     "group_norm": lambda x: F.group_norm(x, 2),
