@@ -225,7 +225,11 @@ def all_to_all(
 
 
 def check_split_sizes(
-    send_sizes: Sequence[int], recv_sizes: Sequence[int], group: dist.ProcessGroup | None = None
+    send_sizes: Sequence[int],
+    recv_sizes: Sequence[int],
+    group: dist.ProcessGroup | None = None,
+    *,
+    local_error: str | None = None,
 ) -> None:
     """Check that what every rank sends each peer is what that peer expects to receive.
 
@@ -233,7 +237,10 @@ def check_split_sizes(
     check turns it into a :class:`~meshshard.errors.ShardingError` raised on **every** rank, naming
     each disagreeing pair. Run by :func:`all_to_all` under ``MESHSHARD_VALIDATE=1``.
 
-    **Communication:** one ``all_gather`` of ``2 P`` int64 per rank.
+    ``local_error``: a problem this rank found on its own (e.g. an inconsistent halo plan); it is
+    shared in the same collective, so every rank raises, naming the ranks that reported one.
+
+    **Communication:** one ``all_gather`` of ``2 P + 1`` int64 per rank.
     """
     from .errors import ShardingError
 
@@ -243,16 +250,21 @@ def check_split_sizes(
             f"send_sizes and recv_sizes must have one entry per rank ({world}) "
             f"(got {len(send_sizes)} and {len(recv_sizes)})"
         )
-    mine = torch.tensor([*map(int, send_sizes), *map(int, recv_sizes)], dtype=torch.long)
+    flag = int(local_error is not None)
+    mine = torch.tensor([*map(int, send_sizes), *map(int, recv_sizes), flag], dtype=torch.long)
     if dist.is_initialized() and dist.get_backend(group) == "nccl":
         mine = mine.cuda()
     table = all_gather(mine, group).cpu()
-    send, recv = table[:, :world], table[:, world:]  # send[r, s]: rows r sends s; recv[s, r]: rows s expects from r
+    ranks = dist.get_process_group_ranks(group) if group is not None and dist.is_initialized() else None
+    name = (lambda i: ranks[i]) if ranks else (lambda i: i)
+    me = dist.get_rank() if dist.is_initialized() else 0
+    flagged = [name(r) for r in range(world) if int(table[r, -1])]
+    if flagged:
+        own = f": {local_error}" if local_error is not None else ""
+        raise ShardingError(f"[rank {me}] inconsistent on rank(s) {flagged}{own}")
+    send, recv = table[:, :world], table[:, world:-1]  # send[r, s]: r sends s; recv[s, r]: s expects from r
     bad = (send != recv.t()).nonzero().tolist()
     if bad:
-        ranks = dist.get_process_group_ranks(group) if group is not None and dist.is_initialized() else None
-        name = (lambda i: ranks[i]) if ranks else (lambda i: i)
-        me = dist.get_rank() if dist.is_initialized() else 0
         pairs = "; ".join(
             f"rank {name(r)} sends {int(send[r, s])} rows to rank {name(s)}, which expects {int(recv[s, r])}"
             for r, s in bad[:8]

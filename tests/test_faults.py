@@ -130,6 +130,20 @@ def test_report_failures_writes_a_note_once(single_rank_group):
     assert not store.check([key])
 
 
+def test_excepthook_reports_an_uncaught_exception(single_rank_group, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    faults.install_excepthook()
+    try:
+        raise MemoryError("CUDA out of memory")
+    except MemoryError as exc:
+        sys.excepthook(type(exc), exc, exc.__traceback__)  # what the interpreter does before dying
+    note = single_rank_group.get(f"{faults.FAILURE_PREFIX}0").decode()
+    assert note.split("|", 1)[1] == "uncaught exception: MemoryError: CUDA out of memory"
+    assert "MemoryError: CUDA out of memory" in capsys.readouterr().err  # the previous hook still prints
+
+
 def test_a_failed_collective_without_peers_says_what_it_knows(single_rank_group, monkeypatch):
     monkeypatch.setenv("MESHSHARD_FAULT_WAIT", "0")
     err = faults.collective_failed("all_to_all", None, RuntimeError("Connection closed by peer"))
