@@ -388,7 +388,9 @@ class HaloPlan:
     def to_global(self, index: torch.Tensor) -> torch.Tensor:
         """Map extended-row indices (``-1`` padded) to global indices (``-1`` kept)."""
         table = self.extended_global_index.to(index.device)
-        return torch.where(index >= 0, table[index.clamp(min=0)], index)
+        # a trailing -1 entry that padding maps to: works when the table is empty (a rank with no points)
+        table = torch.cat([table, table.new_full((1,), -1)])
+        return table[torch.where(index >= 0, index, table.shape[0] - 1)]
 
     # -- exchange -----------------------------------------------------------------------------------
     def exchange(self, features: ShardTensor | torch.Tensor) -> torch.Tensor:
