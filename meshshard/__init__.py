@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
-from . import ops  # noqa: F401  (registers the sharding rules)
-from . import nn
+# importing ops registers the sharding rules of ShardTensor
+from . import nn, ops
 from .comm import CommCounter
 from .errors import ShardingError, UnsupportedOpError
 from .halo import HaloPlan

@@ -133,3 +133,12 @@ def test_bad_argument_values_are_usage_errors(argv, capsys):
         main(argv)
     assert info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_example_training_script_runs_under_torchrun(store):
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_transolver_drivaerml.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           str(store), "--steps", "2"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "step    1  loss" in res.stdout and "points on rank 0" in res.stdout
