@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm
+from .errors import ShardingError
 from .ops._kernels import radius_pairs, sq_dist
 from .tensor import ShardTensor
 
@@ -328,7 +329,7 @@ class HaloPlan:
         kept_back = comm.all_to_all(keep, recv_c, send_c, group)
         send_counts = _segment_sums(kept_back, send_c)
         recv_counts = _segment_sums(keep, recv_c)
-        return cls(
+        plan = cls(
             send_index=cand_local[kept_back],
             send_counts=send_counts,
             recv_counts=recv_counts,
@@ -340,6 +341,7 @@ class HaloPlan:
             group=group,
             radius=radius,
         )
+        return plan.validate() if comm.validate_enabled() else plan
 
     # -- sizes --------------------------------------------------------------------------------------
     @property
@@ -391,6 +393,44 @@ class HaloPlan:
         # a trailing -1 entry that padding maps to: works when the table is empty (a rank with no points)
         table = torch.cat([table, table.new_full((1,), -1)])
         return table[torch.where(index >= 0, index, table.shape[0] - 1)]
+
+    def validate(self) -> HaloPlan:
+        """Check the plan on this rank and across ranks; return ``self``.
+
+        On this rank: ``send_index`` holds ``sum(send_counts)`` owned rows, and every ghost comes
+        from the rank its block says (its global index lies in that rank's ``offsets`` range).
+        Across ranks (symmetry): what every rank sends each peer is what that peer expects from
+        it. A problem anywhere raises :class:`~meshshard.errors.ShardingError` on every rank,
+        naming the ranks. Runs at the end of :meth:`build` under ``MESHSHARD_VALIDATE=1``.
+
+        **Communication:** one ``all_gather`` of ``2 P + 1`` int64 per rank; none for a
+        single-process plan.
+        """
+        problems = []
+        n_send, n_ghost = sum(self.send_counts), sum(self.recv_counts)
+        if self.send_index.numel() != n_send:
+            problems.append(f"send_index has {self.send_index.numel()} rows but send_counts sum to {n_send}")
+        elif n_send and not (0 <= int(self.send_index.min()) and int(self.send_index.max()) < self.num_owned):
+            problems.append(f"send_index must lie in [0, {self.num_owned})")
+        if self.ghost_global_index.numel() != n_ghost:
+            problems.append(f"{self.ghost_global_index.numel()} ghosts but recv_counts sum to {n_ghost}")
+        elif n_ghost:
+            dev = self.ghost_global_index.device
+            owner = torch.repeat_interleave(
+                torch.arange(len(self.recv_counts), device=dev), torch.tensor(self.recv_counts, device=dev)
+            )
+            offsets = torch.tensor(self.offsets, device=dev)
+            g = self.ghost_global_index
+            wrong = (g < offsets[owner]) | (g >= offsets[owner + 1]) | (owner == self.rank)
+            if bool(wrong.any()):
+                problems.append(f"{int(wrong.sum())} ghosts are not owned by the rank they come from")
+        error = "; ".join(problems) or None
+        if self.group is None:
+            if error:
+                raise ShardingError(f"[rank {self.rank}] inconsistent halo plan: {error}")
+            return self
+        comm.check_split_sizes(self.send_counts, self.recv_counts, self.group, local_error=error)
+        return self
 
     # -- exchange -----------------------------------------------------------------------------------
     def exchange(self, features: ShardTensor | torch.Tensor) -> torch.Tensor:

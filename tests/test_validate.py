@@ -150,3 +150,34 @@ def test_validate_flag_spellings(monkeypatch):
     monkeypatch.delenv("MESHSHARD_VALIDATE")
     assert not ms.tensor.validate_enabled()
     assert isinstance(ShardSpec, type)
+
+
+def _halo_validate(_: int):
+    mesh = ms.init_mesh()
+    rank = dist.get_rank()
+    pts = torch.rand(30, 3, generator=torch.Generator().manual_seed(0))
+    x = ms.scatter(pts, [10, 10, 10], mesh)
+    plan = ms.HaloPlan.build(x, 0.3)
+    out = {"ok": plan.validate() is plan, "sent": plan.num_sent}
+    with _validate_env(None), ms.CommCounter() as off:
+        ms.HaloPlan.build(x, 0.3)
+    with _validate_env("1"), ms.CommCounter() as on:
+        ms.HaloPlan.build(x, 0.3)
+    out["extra_all_gathers"] = on.counts["all_gather"] - off.counts["all_gather"]
+    if rank == 1:
+        plan.send_index = plan.send_index + 100  # rows this rank does not own
+    out["broken"] = _error(plan.validate)
+    single = ms.HaloPlan.build(pts, 0.3)  # a plain tensor: the single-process plan, no communication
+    out["single_ok"] = single.validate() is single
+    return out
+
+
+def test_halo_plan_validate_checks_itself_and_symmetry_on_every_rank():
+    results = run_distributed(_halo_validate, 3, 0)
+    assert results[1]["sent"] > 0
+    for rank, out in enumerate(results):
+        assert out["ok"] and out["single_ok"]
+        # one per all_to_all of the build (3: split sizes), one for the plan itself
+        assert out["extra_all_gathers"] == 4
+        own = ": send_index must lie in [0, 10)" if rank == 1 else ""
+        assert out["broken"] == f"[rank {rank}] inconsistent on rank(s) [1]{own}"
