@@ -48,6 +48,7 @@ def main() -> None:
         opt.step()
         if mesh.get_rank() == 0 and (step == 1 or step % 10 == 0):
             print(f"step {step:4d}  loss {loss.item():.5f}  points on rank 0: {x.shape[0]} of {x.global_shape[0]}")
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 # importing ops registers the sharding rules of ShardTensor
 from . import nn, ops
 from .comm import CommCounter
-from .errors import ShardingError, UnsupportedOpError
+from .errors import CollectiveError, ShardingError, UnsupportedOpError
 from .halo import HaloPlan
 from .mesh import init_mesh
 from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, scatter
@@ -18,6 +18,7 @@ from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, scatter
 __version__ = "0.1.0"
 
 __all__ = [
+    "CollectiveError",
     "CommCounter",
     "HaloPlan",
     "ReplicatedTensor",

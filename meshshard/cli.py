@@ -237,7 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else None
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()  # gloo's threads must not outlive the interpreter's teardown
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import all_reduce
+from ..faults import install_excepthook
 from ..mesh import init_mesh
 from ..nn import Transolver, sync_gradients
 from ..tensor import ShardTensor
@@ -96,22 +97,35 @@ def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+def _atomic_write(path: Path, write, mode: str) -> None:
+    """Write through a temporary file, fsync, rename over ``path``, fsync the folder.
+
+    A crash at any point leaves the previous ``path`` (or none) intact; the temporary file is
+    removed when the write itself fails.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    _atomic_write(path, lambda f: torch.save(obj, f), "wb")
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _atomic_write(path, lambda f: f.write(text), "w")
 
 
 def _setup(dp: int):
@@ -159,6 +173,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.steps < 1:
         raise SystemExit(f"meshshard train: --steps must be positive (got {cfg.steps})")
     mesh, dp_rank, dp = _setup(cfg.dp)
+    if mesh is not None:
+        install_excepthook()  # a rank that dies of an exception is named in the others' errors
     out = Path(cfg.out)
     if _is_main():
         out.mkdir(parents=True, exist_ok=True)

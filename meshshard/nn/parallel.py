@@ -46,8 +46,7 @@ def sync_gradients(module: torch.nn.Module, mesh: DeviceMesh, *, domain_dim: int
         for group, mean_over in groups:
             if dist.get_world_size(group) == 1:
                 continue
-            comm._record("all_reduce", flat.numel() * flat.element_size())
-            dist.all_reduce(flat, group=group)
+            comm.all_reduce_(flat, group)  # through comm: counted, and a failing peer is named
             if mean_over:
                 flat /= mean_over
         offset = 0
