@@ -53,19 +53,24 @@ def check_radius(radius: Any, name: str = "radius") -> float:
     return value
 
 
-def check_coordinates(x: Any, name: str = "points") -> torch.Tensor:
-    """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
-
-    A :class:`~meshshard.ShardTensor` is checked on its local shard only (no communication). The
-    finiteness check is one reduction, which on CUDA costs one host sync.
-    """
+def check_coordinate_tensor(x: Any, name: str = "points") -> torch.Tensor:
+    """``x`` if it is a floating ``(N, D)`` tensor (values not inspected), else an error naming ``name``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or ShardTensor (got {type(x).__name__})")
     if not x.is_floating_point():
         raise TypeError(f"{name} must hold floating-point coordinates (got {x.dtype})")
     if x.dim() != 2:
         raise ValueError(f"{name} must have shape (N, D) (got {tuple(x.shape)})")
-    check_values(x, name)
+    return x
+
+
+def check_coordinates(x: Any, name: str = "points") -> torch.Tensor:
+    """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
+
+    A :class:`~meshshard.ShardTensor` is checked on its local shard only (no communication). The
+    finiteness check is one reduction, which on CUDA costs one host sync.
+    """
+    check_values(check_coordinate_tensor(x, name), name)
     return x
 
 

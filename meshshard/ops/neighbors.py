@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ShardingError
-from ..halo import HaloPlan, check_radius, check_values
+from ..halo import HaloPlan, check_coordinate_tensor, check_radius, check_values
 from ..tensor import ShardSpec, ShardTensor
 from ._kernels import check_backend, knn_bound, nearest_neighbors
 
@@ -94,12 +94,7 @@ def _check_count(value: object, name: str) -> int:
 
 
 def _check_coords(x: object, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or ShardTensor (got {type(x).__name__})")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must hold floating-point coordinates (got {x.dtype})")
-    if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, D) (got {tuple(x.shape)})")
+    check_coordinate_tensor(x, name)
     if isinstance(x, ShardTensor) and x.shard_dim != 0:
         raise ValueError(f"{name} must be sharded along dim 0, the point dimension (got dim {x.shard_dim})")
     return x
