@@ -20,7 +20,7 @@ import math
 import os
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,6 @@ class TrainConfig:
     grad_checkpoint: bool = False
     resume: bool = False
     quiet: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def model(self) -> Transolver:
         torch.manual_seed(self.seed)
