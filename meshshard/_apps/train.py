@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._atomic import atomic_write
 from ..comm import all_reduce
 from ..faults import install_excepthook
 from ..mesh import init_mesh
@@ -96,35 +97,12 @@ def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def _atomic_write(path: Path, write, mode: str) -> None:
-    """Write through a temporary file, fsync, rename over ``path``, fsync the folder.
-
-    A crash at any point leaves the previous ``path`` (or none) intact; the temporary file is
-    removed when the write itself fails.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
 def _atomic_save(obj: Any, path: Path) -> None:
-    _atomic_write(path, lambda f: torch.save(obj, f), "wb")
+    atomic_write(path, lambda f: torch.save(obj, f), "wb")
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda f: f.write(text), "w")
+    atomic_write(path, lambda f: f.write(text))
 
 
 def _setup(dp: int):

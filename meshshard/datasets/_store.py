@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .._atomic import atomic_write
 
 __all__ = [
     "STORE_FORMAT",
@@ -38,12 +39,7 @@ STORE_FORMAT = "meshshard.DrivaerMLStore/1"
 # ---------------------------------------------------------------------------------- files
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Write JSON to a temporary sibling, fsync it, then rename over ``path`` (atomic on POSIX)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: json.dump(obj, f, indent=1, sort_keys=True))
 
 
 def _backup_dir(final_dir: Path) -> Path:

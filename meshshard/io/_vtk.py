@@ -7,17 +7,16 @@ file goes to a temporary name in the target folder first and is renamed into pla
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
+from .._atomic import atomic_replace
 from ._data import Cells
 
-__all__ = ["Piece", "Schema", "atomic_target", "read_schema", "write_index", "write_piece"]
+__all__ = ["Piece", "Schema", "read_schema", "write_index", "write_piece"]
 
 DUPLICATEPOINT = 1  # vtkDataSetAttributes::DUPLICATEPOINT
 DUPLICATECELL = 1  # vtkDataSetAttributes::DUPLICATECELL
@@ -170,22 +169,6 @@ def write_piece(piece: Piece, path: Path, compression: str | None = None) -> Non
         raise OSError(f"VTK could not write {path}")
 
 
-def temp_name(path: Path) -> Path:
-    """A hidden name next to ``path`` for an atomic write."""
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def atomic_target(path: Path, write) -> None:
-    """Run ``write(temp)`` then rename ``temp`` to ``path``; on failure leave no temp behind."""
-    tmp = temp_name(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _data_arrays(tag: str, arrays: list[tuple[str, str, int]], global_ids: str | None) -> list[str]:
     attrs = f" GlobalIds={quoteattr(global_ids)}" if global_ids else ""
     if not arrays:
@@ -236,8 +219,8 @@ def partitioned_xml(sources: list[str]) -> str:
 def write_index(path: Path, schema: Schema, sources: list[str]) -> None:
     """Write the ``.vtpd`` then, last, the ``.pvtp``/``.pvtu`` index at ``path`` (both atomic)."""
     vtpd = path.with_suffix(".vtpd")
-    atomic_target(vtpd, lambda tmp: tmp.write_text(partitioned_xml(sources)))
-    atomic_target(path, lambda tmp: tmp.write_text(index_xml(schema, sources)))
+    atomic_replace(vtpd, lambda tmp: tmp.write_text(partitioned_xml(sources)))
+    atomic_replace(path, lambda tmp: tmp.write_text(index_xml(schema, sources)))
 
 
 def read_schema(piece_path: Path, kind: str) -> Schema:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._atomic import atomic_replace, temp_name
 from ..errors import ShardingError
 from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
 from ._ghosts import check_radius, ghost_items
@@ -19,11 +20,9 @@ from ._vtk import (
     EXTENSIONS,
     Piece,
     Schema,
-    atomic_target,
     check_compression,
     read_schema,
     schema_of,
-    temp_name,
     write_index,
     write_piece,
 )
@@ -385,7 +384,7 @@ def write_local_partition(
         try:
             piece = _local_piece(points, rank, fields, global_ids, ghost_points, ghost_fields,
                                  ghost_global_ids, ghost_ranks)
-            atomic_target(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp, compression))
+            atomic_replace(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp, compression))
         except Exception as exc:
             error = exc
     if not collective:
