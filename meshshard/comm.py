@@ -15,7 +15,9 @@ partial, so :func:`meshshard.nn.sync_gradients` is one uniform sum. Consequences
 * ``all_reduce`` (sharded partial sums -> replicated): backward turns the partial gradient of the
   replicated result into the true gradient of every rank's input with another sum all-reduce.
 * A replicated *loss* must be seeded with ``1 / P`` on each rank so the seeds sum to one;
-  reductions return a :class:`~meshshard.tensor.ReplicatedTensor` whose ``backward()`` does that.
+  reductions return a :class:`~meshshard.tensor.ReplicatedTensor`, and every way into autograd
+  (``backward()``, ``backward(g)``, ``torch.autograd.backward``, ``torch.autograd.grad``) seeds it so;
+  ``torch.autograd.grad`` also sums the (partial) gradients of non-sharded inputs over the group.
 """
 
 from __future__ import annotations
