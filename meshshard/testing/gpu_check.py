@@ -103,7 +103,7 @@ class Context:
 class Check:
     name: str
     group: str
-    budget_s: float  # time limit in real mode (dry mode: the whole remaining budget)
+    budget_s: float  # time limit on CUDA (times the time scale; 5x in dry mode)
     fn: Callable[[Context], str]  # fills ctx.details, returns a one-line summary; raises to fail
 
 
@@ -808,7 +808,7 @@ def check_fig_neighbors(ctx: Context) -> str:
     """Ball query (K = 32, ~30 neighbours) and kNN (k = 16) on 1M and 10M device points, every backend."""
     import meshshard as ms
 
-    sizes = (3_000, 12_000) if ctx.dry else (1_000_000, 10_000_000)
+    sizes = (2_000, 6_000) if ctx.dry else (1_000_000, 10_000_000)
     k_ball, k_nn = 32, 16
     rows: dict[str, dict] = {}
     last: dict[str, float] = {}
@@ -845,8 +845,11 @@ def check_fig_neighbors(ctx: Context) -> str:
                     if not _unavailable(exc) and not _is_oom(exc):
                         raise
                 _free(ctx.device)
-        peers = {"torch_cluster.radius": _peer_torch_cluster(pts, radius, k_ball), "warp.HashGrid count":
-                 _peer_warp(pts, radius)}
+        peers = {
+            "torch_cluster.radius": _peer_torch_cluster(pts, radius, k_ball),
+            # warp compiles its kernel on first use (seconds on the CPU): a GPU peer only
+            "warp.HashGrid count": None if ctx.dry else _peer_warp(pts, radius),
+        }
         for name, run in peers.items():
             if run is None:
                 entries[name] = "unavailable"
@@ -1039,11 +1042,27 @@ _BY_NAME = {c.name: c for c in CHECKS}
 
 
 # -- the runner ------------------------------------------------------------------------------------------
+def _injected_fault(name: str) -> None:
+    """``MESHSHARD_GPU_CHECK_FAULT="check=raise|hang|exit,..."``: make a check fail on purpose, to test
+    that the runner records it and runs the others."""
+    for item in os.environ.get("MESHSHARD_GPU_CHECK_FAULT", "").split(","):
+        check, _, kind = item.partition("=")
+        if check != name:
+            continue
+        if kind == "raise":
+            raise RuntimeError(f"fault injected into {name}")
+        if kind == "hang":
+            time.sleep(1e6)
+        if kind == "exit":
+            os._exit(3)
+
+
 def _child(name: str, ctx_fields: dict, conn: Any) -> None:
     """Run one check in this (child) process and send ``(status, summary, details)`` to the parent."""
     os.setsid()  # its own process group: the parent can kill it together with its worker ranks
     ctx = Context(**ctx_fields)
     try:
+        _injected_fault(name)
         summary = _BY_NAME[name].fn(ctx)
         if ctx.device.startswith("cuda"):
             ctx.details.setdefault("cuda_peak_mib", _peak_mib(ctx.device))
@@ -1111,25 +1130,31 @@ def run_checks(
     only: list[str] | None = None,
     budget: float = _DEFAULT_BUDGET_S,
     start_method: str = "forkserver",
+    time_scale: float | None = None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Run the checks (each isolated, within ``budget`` seconds in all) and return the report."""
+    """Run the checks (each isolated, within ``budget`` seconds in all) and return the report.
+
+    Each check's own limit is its ``budget_s`` times ``time_scale`` (default 1 on CUDA, 5 in dry mode,
+    where a loaded CPU runs the tiny sizes), capped by what is left of ``budget``.
+    """
     t_start = time.monotonic()
     wall_start = time.strftime("%Y-%m-%d %H:%M:%S")
     mpctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        mpctx.set_forkserver_preload(["torch", "meshshard", "meshshard.testing.gpu_check"])
+        mpctx.set_forkserver_preload(["torch", "meshshard"])
     how, probe = _isolated(mpctx, _probe, (), 120)
     cuda, num_gpus, probe_error = probe if how == "ok" else (False, 0, f"CUDA probe {how}")
     mode = "dry" if dry or not cuda else "cuda"
     if mode == "dry" and not dry:
         log(f"no CUDA device ({probe_error or 'torch.cuda.is_available() is False'}): running the dry mode on the CPU")
     device = "cuda:0" if mode == "cuda" else "cpu"
+    scale = time_scale if time_scale is not None else (5.0 if mode == "dry" else 1.0)
     selected = [c for c in CHECKS if not only or c.name in only]
     results = []
     for check in selected:
         left = budget - (time.monotonic() - t_start)
-        limit = left if mode == "dry" else min(check.budget_s, left)
+        limit = min(check.budget_s * scale, left)
         entry = {"name": check.name, "group": check.group, "budget_s": check.budget_s}
         if limit < 5:
             entry.update(status="skipped", summary=f"out of time ({left:.0f} s left of {budget:.0f})", seconds=0.0)
@@ -1155,6 +1180,7 @@ def run_checks(
         "num_gpus": num_gpus,
         "started": wall_start,
         "budget_s": budget,
+        "time_scale": scale,
         "wall_s": round(time.monotonic() - t_start, 2),
         "host": platform.node(),
         "passed": all(r["status"] != "failed" for r in results),
@@ -1193,6 +1219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON report (default benchmarks/results/gpu_check[_dry].json)")
     parser.add_argument("--budget", type=float, default=_DEFAULT_BUDGET_S, help="seconds for all checks together")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="multiply every check's time limit (default 1 on CUDA, 5 in dry mode)")
     parser.add_argument("--only", nargs="+", choices=[c.name for c in CHECKS], help="run only these checks")
     parser.add_argument("--start-method", choices=("forkserver", "spawn"), default="forkserver",
                         help="how check processes start (forkserver: torch imported once)")
@@ -1204,7 +1232,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.budget <= 0:
         parser.error(f"--budget must be positive (got {args.budget})")
-    report = run_checks(dry=args.dry, only=args.only, budget=args.budget, start_method=args.start_method)
+    if args.time_scale is not None and args.time_scale <= 0:
+        parser.error(f"--time-scale must be positive (got {args.time_scale})")
+    report = run_checks(dry=args.dry, only=args.only, budget=args.budget, start_method=args.start_method,
+                        time_scale=args.time_scale)
     out = args.out or _default_out(report["mode"] == "dry")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
