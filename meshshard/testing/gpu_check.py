@@ -979,7 +979,7 @@ def check_fig_chunked(ctx: Context) -> str:
                 full, sec = _timed(ctx.device, model, x)
             rows["full (no_grad)"] = {"s": round(sec, 3), "peak_mib": _peak_mib(ctx.device, base)}
             rows["rel_err"] = _rel(chunked, full)
-            if not rows["rel_err"] <= 2e-5:
+            if not rows["rel_err"] <= 1e-4:  # float32 slice sums over 8.8M points, summed in another order
                 raise AssertionError(f"chunked differs from the full forward: rel. error {rows['rel_err']:.2e}")
         except Exception as exc:
             if not _is_oom(exc):
@@ -1099,12 +1099,18 @@ def _isolated(mpctx: Any, target: Callable, args: tuple, limit: float) -> tuple[
     proc.start()
     child.close()
     try:
-        if parent.poll(max(0.1, limit)):
+        try:
+            ready = parent.poll(max(0.1, limit))
+        except BaseException:  # e.g. Ctrl-C: the child is in its own session and would run on
+            _kill_group(proc.pid)
+            raise
+        if ready:
             try:
                 return "ok", parent.recv()
             except (EOFError, OSError):
                 proc.join(5)
                 return "died", proc.exitcode
+        _kill_group(proc.pid)
         return "timeout", None
     finally:
         proc.join(10)
