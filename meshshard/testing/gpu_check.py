@@ -839,10 +839,11 @@ def check_fig_neighbors(ctx: Context) -> str:
                     last[key] = sec
                     del nbr
                 except Exception as exc:
-                    entries[key] = ("unavailable: " if _unavailable(exc) else "failed: ") + (
-                        f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                    )
-                    if not _unavailable(exc) and not _is_oom(exc):
+                    if _unavailable(exc):
+                        entries[key] = "unavailable"
+                    elif _is_oom(exc):
+                        entries[key] = f"out of memory: {str(exc).splitlines()[0][:160]}"
+                    else:
                         raise
                 _free(ctx.device)
         peers = {
@@ -1194,6 +1195,19 @@ def run_checks(
     }
 
 
+def _flatten(details: dict, skip: tuple[str, ...] = (), prefix: str = "") -> list[str]:
+    """One line per leaf group of a figure's details: ``path: key=value key=value``."""
+    leaves = {k: v for k, v in details.items() if k not in skip and not isinstance(v, dict)}
+    lines = []
+    if leaves:
+        text = " ".join(f"{k}={v}" for k, v in leaves.items())
+        lines.append(f"{prefix}: {text}" if prefix else text)
+    for k, v in details.items():
+        if k not in skip and isinstance(v, dict):
+            lines += _flatten(v, skip, f"{prefix} {k}".strip())
+    return lines
+
+
 def format_table(report: dict) -> str:
     """The short table printed at the end: one line per check."""
     lines = [
@@ -1206,6 +1220,12 @@ def format_table(report: dict) -> str:
         lines.append(f"{r['name']:<32} {r['status']:<8} {r['seconds']:6.1f}  {r['summary'].splitlines()[0][:160]}")
     failed = [r["name"] for r in report["checks"] if r["status"] == "failed"]
     lines.append("-" * 110)
+    for r in report["checks"]:
+        if r["group"] == "figures" and r.get("details"):
+            lines.append(f"{r['name']}:")
+            lines += [f"  {line}" for line in _flatten(r["details"], skip=("traceback", "cuda_peak_mib"))]
+    if any(r["group"] == "figures" and r.get("details") for r in report["checks"]):
+        lines.append("-" * 110)
     lines.append("all checks passed" if not failed else f"FAILED: {', '.join(failed)}")
     return "\n".join(lines)
 
