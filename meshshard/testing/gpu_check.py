@@ -48,8 +48,10 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -91,9 +93,20 @@ class Context:
     num_gpus: int
     deadline: float  # time.monotonic() by which the check must be done
     details: dict = field(default_factory=dict)
+    details_path: str | None = None  # where save() leaves a snapshot of the details
+    name: str = ""
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        """Snapshot the details, so that what was measured survives a timeout or a crash."""
+        if self.details_path is not None:
+            tmp = self.details_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(_json_safe(self.details), f)
+            os.replace(tmp, self.details_path)
+            _injected_fault(self.name, after_save=True)
 
     def size(self, real: int, dry: int) -> int:
         return dry if self.dry else real
@@ -834,6 +847,7 @@ def check_fig_neighbors(ctx: Context) -> str:
     sizes = (2_000, 6_000) if ctx.dry else (1_000_000, 10_000_000)
     k_ball, k_nn = 32, 16
     rows: dict[str, dict] = {}
+    ctx.details.update(k_ball=k_ball, k_nn=k_nn, neighbours_per_ball="about 30", figures=rows)
     last: dict[str, float] = {}
     warm = _cloud(2000, 0).to(ctx.device)
     for n in sizes:
@@ -841,6 +855,7 @@ def check_fig_neighbors(ctx: Context) -> str:
         pts = torch.rand(n, 3, generator=gen).to(ctx.device)
         radius = _radius_for(n, 30)
         entries: dict[str, Any] = {}
+        rows[f"{n}"] = entries
         for backend in backends():
             for op in ("ball_query", "knn"):
                 key = f"{op}/{backend}"
@@ -869,6 +884,7 @@ def check_fig_neighbors(ctx: Context) -> str:
                     else:
                         raise
                 _free(ctx.device)
+                ctx.save()
         peers = {
             "torch_cluster.radius": _peer_torch_cluster(pts, radius, k_ball),
             # warp compiles its kernel on first use (seconds on the CPU): a GPU peer only
@@ -891,6 +907,7 @@ def check_fig_neighbors(ctx: Context) -> str:
             except Exception as exc:
                 entries[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             _free(ctx.device)
+            ctx.save()
         skip = _predict_skip(ctx, last.get("scipy.cKDTree"), (n / sizes[0]) * 1.2) if n != sizes[0] else None
         if skip:
             entries["scipy.cKDTree query (CPU)"] = skip
@@ -905,11 +922,9 @@ def check_fig_neighbors(ctx: Context) -> str:
                 entries["scipy.cKDTree query (CPU)"] = {"s": round(last["scipy.cKDTree"], 3)}
             except ImportError:
                 entries["scipy.cKDTree query (CPU)"] = "unavailable"
-        rows[f"{n}"] = entries
-        ctx.details["figures"] = rows
+        ctx.save()
         pts = None
         _free(ctx.device)
-    ctx.details.update(k_ball=k_ball, k_nn=k_nn, neighbours_per_ball="about 30")
     done = [f"{key} {v['s']:.2f}s" for n, e in rows.items() for key, v in e.items()
             if isinstance(v, dict) and key.startswith("ball_query") and n == str(sizes[-1])]
     return f"{sizes[-1]} pts: " + (", ".join(done) if done else "no backend finished")
@@ -944,7 +959,8 @@ def check_fig_transolver(ctx: Context) -> str:
 
     n = ctx.size(1_000_000, 2_000)
     config = _transolver_config(ctx)
-    rows = {}
+    rows: dict[str, Any] = {}
+    ctx.details.update(points=n, config=config, dtype="float32", runs=rows)
     for checkpoint in (False, True):
         tag = "checkpointed blocks" if checkpoint else "plain"
         if ctx.left() < 20 and rows:
@@ -971,7 +987,7 @@ def check_fig_transolver(ctx: Context) -> str:
         finally:
             model = opt = x = target = None
             _free(ctx.device)
-    ctx.details.update(points=n, config=config, dtype="float32", runs=rows)
+            ctx.save()
     ok = {k: v for k, v in rows.items() if isinstance(v, dict)}
     if not ok:
         raise AssertionError(f"no training step finished: {rows}")
@@ -996,6 +1012,7 @@ def check_fig_chunked(ctx: Context) -> str:
     chunked, sec = _timed(ctx.device, ms.nn.chunked_forward, model, x, chunk)
     rows["chunked"] = {"s": round(sec, 3), "peak_mib": _peak_mib(ctx.device, base), "chunk": chunk}
     ctx.details.update(points=n, runs=rows)
+    ctx.save()
     if ctx.left() > 30:
         try:
             base = _reset_peak(ctx.device)
@@ -1029,6 +1046,7 @@ def check_fig_partition(ctx: Context) -> str:
     pts = torch.rand(n, 3, generator=torch.Generator().manual_seed(2))
     dev = pts.to(ctx.device)
     rows: dict[str, Any] = {}
+    ctx.details.update(points=n, parts=64, runs=rows, cpu_threads=torch.get_num_threads())
     partition(dev[:1000], 8)  # warm-up
     for method in ("rcb", "morton", "hilbert"):
         base = _reset_peak(ctx.device)
@@ -1042,7 +1060,7 @@ def check_fig_partition(ctx: Context) -> str:
                 raise AssertionError(f"{method}: the device partition of {n} points differs from the CPU one")
         del part
         _free(ctx.device)
-    ctx.details.update(points=n, parts=64, runs=rows, cpu_threads=torch.get_num_threads())
+        ctx.save()
     return ", ".join(f"{m} {r['device_s']:.2f} s" + (f" (CPU {r['cpu_s']:.2f} s)" if "cpu_s" in r else "")
                      for m, r in rows.items())
 
@@ -1066,13 +1084,16 @@ _BY_NAME = {c.name: c for c in CHECKS}
 
 
 # -- the runner ------------------------------------------------------------------------------------------
-def _injected_fault(name: str) -> None:
-    """``MESHSHARD_GPU_CHECK_FAULT="check=raise|hang|exit,..."``: make a check fail on purpose, to test
-    that the runner records it and runs the others."""
+def _injected_fault(name: str, after_save: bool = False) -> None:
+    """``MESHSHARD_GPU_CHECK_FAULT="check=raise|hang|exit|hang-after-save,..."``: make a check fail on
+    purpose (at its start, or after its first saved measurement), to test that the runner records it,
+    keeps what it had measured, and runs the others."""
     for item in os.environ.get("MESHSHARD_GPU_CHECK_FAULT", "").split(","):
         check, _, kind = item.partition("=")
-        if check != name:
+        if check != name or after_save != (kind == "hang-after-save"):
             continue
+        if kind == "hang-after-save":
+            time.sleep(1e6)
         if kind == "raise":
             raise RuntimeError(f"fault injected into {name}")
         if kind == "hang":
@@ -1155,6 +1176,15 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
+def _load_snapshot(path: str) -> dict:
+    """What a check that timed out or died had measured (its last :meth:`Context.save`), if anything."""
+    try:
+        with open(path) as f:
+            return {**json.load(f), "partial": True}
+    except (OSError, ValueError):
+        return {}
+
+
 def run_checks(
     dry: bool = False,
     only: list[str] | None = None,
@@ -1182,28 +1212,11 @@ def run_checks(
     scale = time_scale if time_scale is not None else (5.0 if mode == "dry" else 1.0)
     selected = [c for c in CHECKS if not only or c.name in only]
     results = []
-    for check in selected:
-        left = budget - (time.monotonic() - t_start)
-        limit = min(check.budget_s * scale, left)
-        entry = {"name": check.name, "group": check.group, "budget_s": check.budget_s}
-        if limit < 5:
-            entry.update(status="skipped", summary=f"out of time ({left:.0f} s left of {budget:.0f})", seconds=0.0)
-            results.append(entry)
-            log(f"  {check.name:<32} skipped (out of time)")
-            continue
-        fields = dict(dry=mode == "dry", device=device, num_gpus=num_gpus, deadline=time.monotonic() + limit)
-        t0 = time.monotonic()
-        how, msg = _isolated(mpctx, _child, (check.name, fields), limit)
-        seconds = round(time.monotonic() - t0, 2)
-        if how == "ok":
-            status, summary, details = msg
-        elif how == "timeout":
-            status, summary, details = "failed", f"timed out after {limit:.0f} s (its time budget)", {}
-        else:
-            status, summary, details = "failed", f"the check's process died (exit code {msg})", {}
-        entry.update(status=status, summary=summary, seconds=seconds, details=_json_safe(details))
-        results.append(entry)
-        log(f"  {check.name:<32} {status:<7} {seconds:7.1f} s  {summary.splitlines()[0][:150]}")
+    scratch = tempfile.mkdtemp(prefix="meshshard-gpu-check-")
+    try:
+        _run_all(selected, results, mpctx, scratch, mode, device, num_gpus, scale, budget, t_start, log)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return {
         "mode": mode,
         "device": device,
@@ -1216,6 +1229,36 @@ def run_checks(
         "passed": all(r["status"] != "failed" for r in results),
         "checks": results,
     }
+
+
+def _run_all(selected, results, mpctx, scratch, mode, device, num_gpus, scale, budget, t_start, log) -> None:
+    for check in selected:
+        left = budget - (time.monotonic() - t_start)
+        limit = min(check.budget_s * scale, left)
+        entry = {"name": check.name, "group": check.group, "budget_s": check.budget_s}
+        if limit < 5:
+            entry.update(status="skipped", summary=f"out of time ({left:.0f} s left of {budget:.0f})", seconds=0.0)
+            results.append(entry)
+            log(f"  {check.name:<32} skipped (out of time)")
+            continue
+        snapshot = os.path.join(scratch, f"{check.name}.json")
+        fields = dict(dry=mode == "dry", device=device, num_gpus=num_gpus, deadline=time.monotonic() + limit,
+                      details_path=snapshot, name=check.name)
+        t0 = time.monotonic()
+        how, msg = _isolated(mpctx, _child, (check.name, fields), limit)
+        seconds = round(time.monotonic() - t0, 2)
+        if how == "ok":
+            status, summary, details = msg
+        else:
+            status = "failed"
+            if how == "timeout":
+                summary = f"timed out after {limit:.0f} s (its time budget)"
+            else:
+                summary = f"the check's process died (exit code {msg})"
+            details = _load_snapshot(snapshot)
+        entry.update(status=status, summary=summary, seconds=seconds, details=_json_safe(details))
+        results.append(entry)
+        log(f"  {check.name:<32} {status:<7} {seconds:7.1f} s  {summary.splitlines()[0][:150]}")
 
 
 def _flatten(details: dict, skip: tuple[str, ...] = (), prefix: str = "") -> list[str]:
