@@ -25,9 +25,11 @@ run that stays within a budget (default 420 s, about 7 minutes, so that set-up f
 
 Isolation: every check runs in a child process of its own session (started from a fork server that
 has imported torch and meshshard but never touched CUDA) under a time limit. A check that fails,
-hangs, runs out of memory or corrupts its CUDA context is recorded with what it measured so far, its
-process group is killed, and the next check starts clean. Figures skip a size whose time, predicted
-from the smaller one, would not fit what is left of their budget (recorded as skipped, with why).
+hangs, runs out of memory or corrupts its CUDA context is recorded with what it measured so far (checks
+save their measurements as they go), its process group is killed, and the next check starts clean. On
+a GPU a quarter of every later check's limit is held in reserve, so slow early checks cannot starve the
+figures. Figures skip a size whose time, predicted from the smaller one, would not fit what is left of
+their limit (recorded, with why).
 
 Dry mode (``--dry``, automatic without CUDA) runs the same checks end to end on the CPU with tiny
 sizes (gloo in place of NCCL); the test suite runs it so that the script never rots.
@@ -78,6 +80,7 @@ OPTIONAL = {
     "warp": "warp-lang",
 }
 _DEFAULT_BUDGET_S = 420.0
+_RESERVE = 0.25  # share of each later check's limit kept in reserve on a GPU
 
 
 class Skip(Exception):
@@ -1232,9 +1235,12 @@ def run_checks(
 
 
 def _run_all(selected, results, mpctx, scratch, mode, device, num_gpus, scale, budget, t_start, log) -> None:
-    for check in selected:
+    for i, check in enumerate(selected):
         left = budget - (time.monotonic() - t_start)
-        limit = min(check.budget_s * scale, left)
+        # on a GPU, keep a quarter of each later check's limit in reserve, so that slow early checks
+        # cannot starve the figures
+        reserve = sum(_RESERVE * c.budget_s * scale for c in selected[i + 1 :]) if mode == "cuda" else 0.0
+        limit = min(check.budget_s * scale, left - reserve)
         entry = {"name": check.name, "group": check.group, "budget_s": check.budget_s}
         if limit < 5:
             entry.update(status="skipped", summary=f"out of time ({left:.0f} s left of {budget:.0f})", seconds=0.0)
