@@ -241,6 +241,7 @@ def _fail_if(problems: list[str], what: str) -> None:
 # -- environment --------------------------------------------------------------------------------------
 def check_environment(ctx: Context) -> str:
     """Versions, the device, and that the core layers import nothing heavy."""
+    import importlib.util
     from importlib import metadata
 
     import meshshard
@@ -258,8 +259,9 @@ def check_environment(ctx: Context) -> str:
     for module, dist in OPTIONAL.items():
         try:
             versions[module] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[module] = None
+        except metadata.PackageNotFoundError:  # e.g. cupy ships as cupy-cuda13x
+            found = importlib.util.find_spec(module) is not None
+            versions[module] = "installed (version not found)" if found else None
     d["packages"] = versions
     d["backends"] = list(backends())
     d["cpus"] = os.cpu_count()
@@ -330,19 +332,22 @@ def check_neighbors(ctx: Context) -> str:
     n = ctx.size(20_000, 1_500)
     cases = _neighbor_cases(n)
     status, problems = {}, []
+    refs = {}  # the CPU result (default CPU backend) of every case
+    for name, pts, queries, radius, k in cases:
+        refs[name, "ball_query"] = ms.ops.ball_query(pts, queries, radius, k, return_distances=True)
+        refs[name, "knn"] = ms.ops.knn(pts, queries, k, return_distances=True)
     for backend in backends():
         rows = 0
         try:
             for name, pts, queries, radius, k in cases:
                 dev_q = None if queries is None else queries.to(ctx.device)
                 for op in ("ball_query", "knn"):
+                    ref = refs[name, op]
                     if op == "ball_query":
-                        ref = ms.ops.ball_query(pts, queries, radius, k, return_distances=True)
                         got = ms.ops.ball_query(
                             pts.to(ctx.device), dev_q, radius, k, return_distances=True, backend=backend
                         )
                     else:
-                        ref = ms.ops.knn(pts, queries, k, return_distances=True)
                         got = ms.ops.knn(pts.to(ctx.device), dev_q, k, return_distances=True, backend=backend)
                     where = f"{backend}/{op}/{name}"
                     if got.index.device.type != torch.device(ctx.device).type:
@@ -367,8 +372,11 @@ def check_neighbors(ctx: Context) -> str:
     return f"rows equal on {','.join(compared)} ({len(cases) * 2} cases each)"
 
 
-def _model_cases(ctx: Context) -> list[tuple[str, Callable[[], torch.nn.Module], Callable]]:
-    """(name, builder, run) for every model of :mod:`meshshard.nn`; ``run(model, inputs)`` -> output."""
+_ModelCase = tuple[str, Callable[[], torch.nn.Module], tuple[torch.Tensor, ...], Callable[..., torch.Tensor]]
+
+
+def _model_cases(ctx: Context) -> list[_ModelCase]:
+    """``(name, build, inputs, run)`` for every model of :mod:`meshshard.nn`; ``run(model, *inputs)`` -> output."""
     import meshshard as ms
 
     small = ctx.dry
@@ -380,7 +388,7 @@ def _model_cases(ctx: Context) -> list[tuple[str, Callable[[], torch.nn.Module],
     xw = torch.randn(n, width, generator=gen, dtype=torch.float64)
     pos = _cloud(n, 8).to(torch.float64)  # float32 values: the same neighbours in both dtypes
     feat = torch.randn(n, 5, generator=gen, dtype=torch.float64)
-    cases: list[tuple[str, Callable[[], torch.nn.Module], tuple[torch.Tensor, ...], Callable]] = []
+    cases: list[_ModelCase] = []
     nn_ = ms.nn
     if hasattr(nn_, "Transolver"):
         for variant in transolver_variants():
@@ -1194,13 +1202,16 @@ def run_checks(
     budget: float = _DEFAULT_BUDGET_S,
     start_method: str = "forkserver",
     time_scale: float | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] | None = None,
 ) -> dict:
     """Run the checks (each isolated, within ``budget`` seconds in all) and return the report.
 
     Each check's own limit is its ``budget_s`` times ``time_scale`` (default 1 on CUDA, 5 in dry mode,
     where a loaded CPU runs the tiny sizes), capped by what is left of ``budget``.
     """
+    if log is None:
+        def log(line: str) -> None:
+            print(line, flush=True)
     t_start = time.monotonic()
     wall_start = time.strftime("%Y-%m-%d %H:%M:%S")
     mpctx = mp.get_context(start_method)
