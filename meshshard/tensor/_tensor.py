@@ -286,7 +286,7 @@ _GLOBAL_META: dict = {
     torch.numel: lambda x: x._spec.global_shape.numel(),
     _T.__len__: _len,
 }
-_AUTOGRAD_ENTRY = (_T.backward, torch.autograd.backward, torch.autograd.grad)
+_AUTOGRAD_ENTRY = frozenset((_T.backward, torch.autograd.backward, torch.autograd.grad))
 
 
 def _has_dtensor(args, kwargs) -> bool:
