@@ -184,8 +184,12 @@ def _all_to_all_raw(
         width = math.prod(tensor.shape[1:])
         if width == 0:  # rows of no bytes (the same trailing shape on every rank): nothing to move
             return out
-        send_bytes = tensor.reshape(tensor.shape[0], width).view(torch.uint8)
-        out_bytes = out.reshape(out.shape[0], width).view(torch.uint8)
+        row = width * tensor.element_size()
+        flat = tensor.reshape(-1)
+        if flat.stride(0) != 1:  # an empty or one-element tensor may carry any stride; view(uint8) needs 1
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        send_bytes = flat.view(torch.uint8).reshape(tensor.shape[0], row)
+        out_bytes = out.reshape(-1).view(torch.uint8).reshape(out.shape[0], row)
         _call("all_to_all", group, dist.all_to_all_single, out_bytes, send_bytes, recv, send)
         return out
     _call("all_to_all", group, dist.all_to_all_single, out, tensor, recv, send)

@@ -37,13 +37,26 @@ def _probe_dim(func, x: ShardTensor, args, kwargs) -> int:
     ``shard_dim + 2`` is the sharded one. Needs only the number of dims: identical on every rank.
     """
     nd = ndim(x)
+    key = (func, nd, x._spec.dim, args[1:], tuple(sorted(kwargs.items())))
+    try:
+        hit = _PROBED.get(key)
+    except TypeError:  # unhashable arguments (lists): probe every time
+        key, hit = None, None
+    if hit is not None:
+        return hit
     probe = torch.empty([i + 2 for i in range(nd)], device="meta")
     with no_subclass():
         try:
             out = func(probe, *args[1:], **kwargs)
         except Exception as exc:
             raise type(exc)(str(exc)) from None
-    return list(out.shape).index(x._spec.dim + 2)
+    hit = list(out.shape).index(x._spec.dim + 2)
+    if key is not None and len(_PROBED) < 4096:
+        _PROBED[key] = hit
+    return hit
+
+
+_PROBED: dict = {}  # (func, ndim, shard dim, arguments) -> result dim: attention code repeats the same moves
 
 
 @register(
