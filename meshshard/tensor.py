@@ -357,6 +357,7 @@ class ShardTensor(torch.Tensor):
 
 def _dispatch(func, types, args, kwargs):
     """Bound to ``meshshard._dispatch.dispatch`` when that module loads (it imports this one)."""
+    from . import ops  # noqa: F401  (registers the sharding rules, also when only this module was imported)
     from ._dispatch import dispatch
 
     return dispatch(func, types, args, kwargs)
