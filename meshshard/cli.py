@@ -240,6 +240,10 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 def _run_plan(args: argparse.Namespace) -> int:
     if (args.points is None) == (args.data is None):
         raise UsageError("meshshard plan: give exactly one of --points N or --data FILE")
+    if args.data is not None and os.path.isdir(args.data):
+        raise UsageError(f"meshshard plan: --data must be a file, but {args.data} is a folder")
+    if args.data is not None and not os.path.isfile(args.data):
+        raise UsageError(f"meshshard plan: file not found: {args.data}")
     if args.json is not None:
         _check_out_file("plan", "--json", args.json)
     from ._apps.plan import plan, print_plan
