@@ -9,16 +9,17 @@ what it needs when it runs.
 
 Exit of a ``torchrun`` rank: after the command returned (or raised, once the traceback is printed and
 the failure reported to the other ranks), a rank leaves with ``os._exit`` instead of a normal
-interpreter shutdown. gloo's worker threads keep a reference to the last collective they ran
-(``workInProgress_``) until they get scheduled again; when that reference is the last one to a
-tensor that has a Python object, dropping it takes the GIL. If the interpreter is finalizing at
-that moment, taking the GIL ends the thread with ``pthread_exit``, whose unwinding through a
-``noexcept`` destructor calls ``std::terminate``: SIGABRT, "terminate called without an active
-exception". The window is short and only opens when the worker thread is starved of CPU, which
-is why the crash showed up only on a heavily loaded machine. ``destroy_process_group`` does not
-close it (the group's threads outlive it while the DeviceMesh and ShardTensor specs still hold
-the group), so ranks skip finalization altogether: their files are written and closed, stdout and
-stderr are flushed, and nothing else is left to clean up.
+interpreter shutdown. A 2-rank ``train`` on a heavily loaded machine died at exit with SIGABRT,
+"terminate called without an active exception": ``std::terminate`` with no C++ exception, which at
+exit means a native thread was unwound through a ``noexcept`` frame (a thread that takes the GIL
+while the interpreter finalizes is ended with ``pthread_exit``) or a joinable ``std::thread`` was
+destroyed by static destructors. The gloo backend's threads are such native threads, and they
+outlive ``destroy_process_group`` (checked: its two worker threads and its TCP loop thread are
+still running at ``atexit`` time, as references to the group remain); each worker keeps its last
+collective (``workInProgress_``), with tensors that have Python objects, until it is scheduled
+again, which a starved CPU delays into the finalization window.
+A rank has nothing left to do at that point (its files are written and closed, stdout and stderr
+are flushed), so it skips finalization and static destructors altogether, and the race with them.
 """
 
 from __future__ import annotations

@@ -472,15 +472,26 @@ def test_two_rank_training_survives_a_loaded_machine(store, tmp_path):
     dropping their last collective while the interpreter finalized; ranks now leave with os._exit.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # An atexit hook in every rank: it must not run, as ranks leave with os._exit (no finalization).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "if 'LOCAL_RANK' in os.environ:\n"
+        "    atexit.register(lambda: sys.stderr.write('RANK-FINALIZED\\n'))\n"
+    )
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"]])
     hogs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(min(4, 2 * cores))]
     try:
         for attempt in range(2):
             out = tmp_path / f"run{attempt}"
             res = _cli("train", str(store), "--out", str(out), "--nproc", "2", "--steps", "3", "--n-hidden", "8",
                        "--n-layers", "1", "--n-head", "2", "--slice-num", "4", "--checkpoint-every", "1",
-                       timeout=900)
+                       timeout=900, env=env)
             assert res.returncode == 0, res.stderr[-3000:]
             assert "terminate called" not in res.stderr and "SIGABRT" not in res.stderr, res.stderr[-3000:]
+            assert "RANK-FINALIZED" not in res.stderr
             summary = json.loads((out / "train_summary.json").read_text())
             assert summary["world"] == 2 and len(summary["losses"]) == 3
     finally:
