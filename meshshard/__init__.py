@@ -3,45 +3,58 @@
 >>> import meshshard as ms
 >>> mesh = ms.init_mesh()                                   # doctest: +SKIP
 >>> x = ms.ShardTensor.from_local(local, mesh, sizes=part.sizes.tolist())   # doctest: +SKIP
+
+Names are imported on first use (PEP 562), so ``import meshshard`` and the ``meshshard`` command's
+``--help`` do not pay for importing torch; the first ``ShardTensor``-related name imports the tensor
+core (:mod:`meshshard.tensor`), which registers the sharding rules.
 """
 
 from __future__ import annotations
 
-from . import nn, ops
-from .comm import CommCounter
-from .errors import CollectiveError, ShardingError, UnsupportedOpError
-from .halo import HaloPlan
-from .mesh import init_mesh
-from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, register_rule, scatter
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CollectiveError",
-    "CommCounter",
-    "HaloPlan",
-    "ReplicatedTensor",
-    "ShardSpec",
-    "ShardTensor",
-    "ShardingError",
-    "UnsupportedOpError",
-    "datasets",
-    "init_mesh",
-    "io",
-    "nn",
-    "ops",
-    "partition",
-    "register_rule",
-    "scatter",
-    "__version__",
-]
+#: public name -> submodule that defines it
+_EXPORTS = {
+    "CollectiveError": "errors",
+    "ShardingError": "errors",
+    "UnsupportedOpError": "errors",
+    "CommCounter": "comm",
+    "HaloPlan": "halo",
+    "init_mesh": "mesh",
+    "ReplicatedTensor": "tensor",
+    "ShardSpec": "tensor",
+    "ShardTensor": "tensor",
+    "scatter": "tensor",
+    "register_rule": "tensor",
+}
+_SUBMODULES = ("datasets", "io", "nn", "ops", "partition")
 
-_LAZY = ("datasets", "io", "partition")  # heavier imports (VTK, trimesh), loaded on first use
+__all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from . import datasets, io, nn, ops, partition  # noqa: F401
+    from .comm import CommCounter  # noqa: F401
+    from .errors import CollectiveError, ShardingError, UnsupportedOpError  # noqa: F401
+    from .halo import HaloPlan  # noqa: F401
+    from .mesh import init_mesh  # noqa: F401
+    from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, register_rule, scatter  # noqa: F401
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        if name == "nn":
+            importlib.import_module(".ops", __name__)
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'meshshard' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'meshshard' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -32,7 +32,6 @@ import torch.distributed as dist
 
 from . import comm
 from .errors import ShardingError
-from .ops._kernels import radius_pairs, sq_dist
 from .tensor import ShardTensor
 
 __all__ = ["HaloPlan", "check_coordinates", "check_radius", "simulate_halo"]
@@ -559,3 +558,8 @@ def simulate_halo(
         "total_ring_bytes": sum(ring),
         "ghost_fraction": sum(num_ghosts) / max(total, 1),
     }
+
+
+# Last, not at the top: importing ``ops._kernels`` runs ``meshshard.ops``, whose ``neighbors`` imports
+# this module's names; they exist by now, so ``import meshshard.halo`` works before ``meshshard.ops``.
+from .ops._kernels import radius_pairs, sq_dist  # noqa: E402

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import RunFailed
+
 __all__ = ["demo"]
 
 
@@ -56,7 +58,7 @@ def demo(
     _step(f"2/6 preprocess into a store partitioned for P = 1 and {nproc} (rcb) -> {store}")
     report = preprocess(raw, store, parts=sorted({1, nproc}), method="rcb", workers=2, progress=False)
     if not report.ok:
-        raise SystemExit(f"meshshard demo: preprocessing failed: {report.failed}")
+        raise RunFailed(f"meshshard demo: preprocessing failed: {report.failed}")
     print(f"   processed {len(report.processed)} runs, skipped {len(report.skipped)} ({report.seconds:.1f} s)")
 
     common = ["--steps", str(steps), "--checkpoint-every", str(max(steps // 3, 1)), "--log-every", "25"]
@@ -65,7 +67,7 @@ def demo(
     _step(f"3/6 train the sharded Transolver on {nproc} CPU ranks (torchrun, gloo), {steps} steps")
     code = torchrun(nproc, ["train", str(store), "--out", str(sharded_dir), *common])
     if code != 0:
-        raise SystemExit(f"meshshard demo: sharded training failed (exit code {code})")
+        raise RunFailed(f"meshshard demo: sharded training failed (exit code {code})")
     sharded = json.loads((sharded_dir / "train_summary.json").read_text())
 
     single_summary = None
@@ -79,7 +81,7 @@ def demo(
             [sys.executable, "-m", "meshshard.cli", "train", str(store), "--out", str(single_dir), *common], env=env
         ).returncode
         if code != 0:
-            raise SystemExit(f"meshshard demo: single-process training failed (exit code {code})")
+            raise RunFailed(f"meshshard demo: single-process training failed (exit code {code})")
         single_summary = json.loads((single_dir / "train_summary.json").read_text())
     else:
         _step("4/6 single-process comparison skipped (--no-single)")

@@ -15,12 +15,15 @@ estimate: ``benchmarks/bench_transolver.py`` measures the real peak.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from . import UsageError
 
 __all__ = ["plan", "print_plan", "car_surface_points", "activation_bytes_per_point"]
 
@@ -42,22 +45,40 @@ def activation_bytes_per_point(n_hidden: int, n_layers: int, n_head: int, slice_
     return 4 * (n_layers * per_block + 4 * n_hidden)
 
 
+def _fail(message: str) -> UsageError:
+    return UsageError(f"meshshard plan: {message}")
+
+
 def _load(data: str) -> torch.Tensor:
     path = Path(data)
+    if path.is_dir():
+        raise _fail(f"--data must be a file, but {path} is a folder")
     if not path.is_file():
-        raise SystemExit(f"meshshard plan: file not found: {path}")
+        raise _fail(f"file not found: {path}")
     if path.suffix.lower() == ".npy":
-        pts = np.load(path, allow_pickle=False)
-        if pts.ndim != 2 or pts.shape[1] not in (2, 3):
-            raise SystemExit(f"meshshard plan: {path} must hold an (N, 3) array (got shape {pts.shape})")
+        try:
+            pts = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise _fail(f"cannot read {path} as a .npy array ({exc})") from None
+        if pts.ndim != 2 or pts.shape[1] not in (2, 3) or pts.dtype.kind not in "fiu":
+            raise _fail(f"{path} must hold an (N, 3) numeric array (got {pts.dtype} {pts.shape})")
+        if not np.isfinite(pts).all():
+            raise _fail(f"{path} holds NaN or infinite coordinates")
         return torch.from_numpy(np.ascontiguousarray(pts, dtype=np.float32))
-    import pyvista as pv
+    from ..io._read import MeshReadError, read_mesh
 
     try:
-        mesh = pv.read(path)
-    except Exception as exc:  # vtk raises many kinds
-        raise SystemExit(f"meshshard plan: cannot read {path} ({exc})") from None
+        mesh = read_mesh(path)
+    except MeshReadError as exc:
+        raise _fail(str(exc)) from None
+    if mesh.n_cells == 0:
+        raise _fail(f"{path} holds {mesh.n_points} points but no cells")
     return torch.from_numpy(np.asarray(mesh.cell_centers().points, dtype=np.float32))
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[plan] {message}", file=sys.stderr, flush=True)
 
 
 def plan(
@@ -74,24 +95,47 @@ def plan(
     slice_num: int = 32,
     mlp_ratio: int = 2,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict[str, Any]:
-    """Plan a ``parts``-rank run; returns per-rank and summary figures (see module docstring)."""
+    """Plan a ``parts``-rank run; returns per-rank and summary figures (see module docstring).
+
+    ``progress`` prints one line per stage (with its time) on stderr: partitioning and halo
+    planning take minutes for 10^8 points.
+    """
     from ..halo import simulate_halo
     from ..partition import neighbor_radius, partition
 
     if parts < 1:
-        raise SystemExit(f"meshshard plan: --parts must be positive (got {parts})")
-    points = car_surface_points(num_points, seed) if data is None else _load(data)
+        raise _fail(f"--parts must be positive (got {parts})")
+    if radius is not None and not (0 < radius < math.inf):
+        raise _fail(f"--radius must be a positive number (got {radius})")
+    if n_hidden % n_head:
+        raise _fail(f"--n-hidden ({n_hidden}) must be divisible by --n-head ({n_head})")
+    t0 = time.perf_counter()
+    if data is None:
+        _say(progress, f"synthesising a car-like surface cloud of {num_points:,} points")
+        points = car_surface_points(num_points, seed)
+    else:
+        _say(progress, f"reading {data}")
+        points = _load(data)
     n = points.shape[0]
+    if parts > n:
+        raise _fail(f"--parts {parts} is more than the {n:,} points: {parts - n:,} ranks would hold nothing; "
+                    f"use --parts {n} or fewer")
+    _say(progress, f"partitioning {n:,} points into {parts:,} parts ({method})")
     t0 = time.perf_counter()
     part = partition(points, parts, method=method)
     t_part = time.perf_counter() - t0
     if radius is None:
-        radius = neighbor_radius(points, min(neighbors, max(n - 1, 1)))
+        k = min(neighbors, max(n - 1, 1))
+        _say(progress, f"partitioned in {t_part:.1f} s; sizing the ball radius for about {k} neighbours")
+        radius = neighbor_radius(points, k)
+    _say(progress, f"halo plans of {parts:,} ranks at radius {radius:.4g}")
     t0 = time.perf_counter()
     per_rank = [points.index_select(0, part.shard_indices(r)) for r in range(parts)]
     halo = simulate_halo(per_rank, radius, row_bytes=4 * n_hidden)
     t_halo = time.perf_counter() - t0
+    _say(progress, f"halo plans built in {t_halo:.1f} s")
     act = activation_bytes_per_point(n_hidden, n_layers, n_head, slice_num, mlp_ratio)
     sizes = part.sizes.tolist()
     ranks = [

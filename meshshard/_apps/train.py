@@ -33,6 +33,7 @@ from ..faults import install_excepthook
 from ..mesh import init_mesh
 from ..nn import Transolver, sync_gradients
 from ..tensor import ShardTensor
+from . import UsageError
 
 __all__ = ["TrainConfig", "train", "evaluate", "features", "TARGETS", "INPUTS"]
 
@@ -111,7 +112,7 @@ def _setup(dp: int):
         return None, 0, 1
     world = int(os.environ.get("WORLD_SIZE", "1")) if not dist.is_initialized() else dist.get_world_size()
     if dp < 1 or world % dp:
-        raise SystemExit(f"meshshard train: --dp {dp} must divide the number of ranks ({world})")
+        raise UsageError(f"meshshard train: --dp {dp} must divide the number of ranks ({world})")
     mesh = init_mesh((dp, world // dp) if dp > 1 else None)
     dp_rank = mesh.get_local_rank(0) if dp > 1 else 0
     return mesh, dp_rank, dp
@@ -148,7 +149,7 @@ def _relative_l2(y: torch.Tensor, t: torch.Tensor, ds) -> dict[str, float]:
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train; return a summary (final loss, losses per step, per-rank points and peak memory)."""
     if cfg.steps < 1:
-        raise SystemExit(f"meshshard train: --steps must be positive (got {cfg.steps})")
+        raise UsageError(f"meshshard train: --steps must be positive (got {cfg.steps})")
     mesh, dp_rank, dp = _setup(cfg.dp)
     if mesh is not None:
         install_excepthook()  # a rank that dies of an exception is named in the others' errors
@@ -157,7 +158,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
     ds = _dataset(cfg, "train", mesh, cfg.num_points)
     if len(ds) == 0:
-        raise SystemExit(f"meshshard train: the store {cfg.store} has no training runs")
+        raise UsageError(f"meshshard train: the store {cfg.store} has no training runs")
     stats = ds.stats
     model = cfg.model()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -176,6 +177,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if _is_main():
         # the log holds exactly the steps up to the checkpoint: none lost, none repeated
         _atomic_write_text(log_path, "".join(json.dumps(e) + "\n" for e in log))
+    bar = _progress_bar(cfg, start)
     fail_at = int(os.environ.get("MESHSHARD_FAIL_AT_STEP", "0"))  # fault injection for tests
     dp_group = mesh.get_group(0) if dp > 1 else None
     t0 = time.perf_counter()
@@ -204,7 +206,14 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             with open(log_path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
             if not cfg.quiet and (step % cfg.log_every == 0 or step == 1 or step == cfg.steps):
-                print(f"step {step:5d}  loss {entry['loss']:.5f}  ({entry['time']:.1f} s)", flush=True)
+                line = f"step {step:5d}  loss {entry['loss']:.5f}  ({entry['time']:.1f} s)"
+                if bar is not None:
+                    bar.write(line)
+                else:
+                    print(line, flush=True)
+            if bar is not None:
+                bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
+                bar.update()
         if fail_at and step == fail_at:
             os._exit(17)  # simulate a crash: no cleanup, no checkpoint of this step
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -223,6 +232,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                 )
             if dist.is_initialized():
                 dist.barrier()
+    if bar is not None:
+        bar.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     summary = {
         "rank": dist.get_rank() if dist.is_initialized() else 0,
@@ -241,6 +252,25 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if _is_main():
         _atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
     return summary
+
+
+def _progress_bar(cfg: TrainConfig, start: int) -> Any:
+    """A tqdm bar with an ETA on rank 0 when stderr is a terminal (None otherwise).
+
+    tqdm's monitor thread is turned off: no background Python thread may be alive when a rank exits.
+    """
+    if cfg.quiet or not _is_main():
+        return None
+    from tqdm import tqdm
+
+    class _Bar(tqdm):
+        monitor_interval = 0
+
+    bar = _Bar(total=cfg.steps, initial=start, desc="train", unit="step", disable=None, dynamic_ncols=True)
+    if bar.disable:
+        bar.close()
+        return None
+    return bar
 
 
 def _drag_lift(sample, y_phys_p, y_phys_tau, aref: float, q: float):

@@ -10,11 +10,31 @@
 
 from __future__ import annotations
 
-from ._preprocess import PreprocessReport, load_meta, preprocess
-from ._vtk import DatasetError
-from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
-from .drivaerml_dataset import DrivaerMLDataset
-from .synthetic import RHO, U_INF, make_synthetic_drivaerml
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> submodule; imported on first use so that ``meshshard preprocess --help`` stays fast
+_EXPORTS = {
+    "PreprocessReport": "_preprocess",
+    "load_meta": "_preprocess",
+    "preprocess": "_preprocess",
+    "DatasetError": "_vtk",
+    "FIELD_UNITS": "drivaerml",
+    "SURFACE_FIELDS": "drivaerml",
+    "VOLUME_FIELDS": "drivaerml",
+    "DrivaerML": "drivaerml",
+    "DrivaerMLDataset": "drivaerml_dataset",
+    "RHO": "synthetic",
+    "U_INF": "synthetic",
+    "make_synthetic_drivaerml": "synthetic",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._preprocess import PreprocessReport, load_meta, preprocess
+    from ._vtk import DatasetError
+    from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
+    from .drivaerml_dataset import DrivaerMLDataset
+    from .synthetic import RHO, U_INF, make_synthetic_drivaerml
 
 __all__ = [
     "DatasetError",
@@ -30,3 +50,15 @@ __all__ = [
     "make_synthetic_drivaerml",
     "preprocess",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

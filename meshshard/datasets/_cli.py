@@ -9,7 +9,7 @@ from typing import Any
 __all__ = ["register", "run"]
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter) -> None:
     """Add the ``preprocess`` subcommand to an ``argparse`` subparsers object."""
     parser = subparsers.add_parser(
         "preprocess",
@@ -18,22 +18,26 @@ def register(subparsers: Any) -> None:
             "Read every run_i of a DrivaerML-layout folder (surface boundary_i.vtp and/or volume "
             "volume_i.vtu), compute volume signed distances to drivaer_i.stl, partition the cell "
             "centres for each --parts P, and write a store (meta.json + one .npy per array, in "
-            "partition order) with train-set statistics. Finished runs are skipped on a re-run."
+            "partition order) with train-set statistics. Finished runs are skipped on a re-run; a re-run "
+            "that would drop data already in the store (a kind, a part count, a field) is refused."
         ),
+        formatter_class=formatter_class,
     )
     parser.add_argument("data_dir", metavar="DATA_DIR", help="folder holding run_<i>/ sub-folders")
     parser.add_argument("store", metavar="STORE", help="output store folder (created)")
     parser.add_argument(
-        "--parts", type=int, nargs="+", default=[1, 2, 4], help="part counts P to serve (default: 1 2 4)"
+        "--parts", type=int, nargs="+", default=[1, 2, 4], help="part counts P to serve (at most the cells of a run)"
     )
-    parser.add_argument("--method", choices=("rcb", "morton", "hilbert"), default="rcb")
+    parser.add_argument("--method", choices=("rcb", "morton", "hilbert"), default="rcb", help="partitioner")
     parser.add_argument("--surface", action="store_true", help="store the surface (default if no kind given)")
     parser.add_argument("--volume", action="store_true", help="store the volume (with signed distances)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--splits", type=float, nargs=3, default=[0.8, 0.1, 0.1], metavar=("TRAIN", "VAL", "TEST"))
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
+    parser.add_argument("--splits", type=float, nargs=3, default=[0.8, 0.1, 0.1], metavar=("TRAIN", "VAL", "TEST"),
+                        help="fractions of runs for the train/val/test splits")
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/val/test split")
     parser.add_argument("--runs", type=int, nargs="+", default=None, help="run numbers (default: all)")
-    parser.add_argument("--sdf-backend", choices=("auto", "igl", "warp"), default="auto")
+    parser.add_argument("--sdf-backend", choices=("auto", "igl", "warp"), default="auto",
+                        help="signed-distance backend for --volume (auto: warp if installed, else libigl)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -42,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     """Run the pipeline; exit code 0 when every run succeeded, 1 when some failed."""
     import warnings
 
+    from .._apps import UsageError
     from ._preprocess import preprocess
 
     data_dir = Path(args.data_dir)
     if not data_dir.is_dir():
-        raise SystemExit(f"meshshard preprocess: DATA_DIR {data_dir} is not a directory")
+        raise UsageError(f"meshshard preprocess: DATA_DIR {data_dir} is not a directory")
     surface = args.surface or not args.volume
     try:
         with warnings.catch_warnings():
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.no_progress,
             )
     except (ValueError, TypeError, FileNotFoundError) as err:
-        raise SystemExit(f"meshshard preprocess: {err}") from None
+        raise UsageError(f"meshshard preprocess: {err}") from None
     cells = ", ".join(f"{n:,} {kind} cells" for kind, n in report.cells.items()) or "no new cells"
     rate = sum(report.cells.values()) / report.seconds if report.seconds > 0 else 0.0
     print(

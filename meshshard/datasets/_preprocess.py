@@ -155,6 +155,12 @@ def _process_run(task: _Task) -> tuple[int, str | None, dict[str, int]]:
                 "stats": {k: FieldStats.of(v).to_json() for k, v in arrays.items()},
                 "orders": {},
             }
+            most = max(chain[-1] for chain in task.chains)
+            if most > num_points:
+                raise ValueError(
+                    f"the {kind} has {num_points:,} cells, fewer than the P={most} parts asked for: every part "
+                    f"needs at least one cell (use parts of at most {num_points:,})"
+                )
             pos = torch.from_numpy(arrays["pos"])
             for chain in task.chains:
                 perm, sizes = nested_partition(pos, chain, task.method)
@@ -197,6 +203,64 @@ def _read_run_info(run_dir: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _refuse_to_drop(
+    store: Path,
+    runs: Sequence[int],
+    kinds: tuple[str, ...],
+    parts: tuple[int, ...],
+    field_names: dict[str, tuple[str, ...]],
+) -> None:
+    """Raise before touching ``store`` if this configuration would delete data it already holds.
+
+    A run whose configuration changed is rewritten from scratch, so a re-run without ``volume``
+    (or with fewer part counts or fields) would silently replace what is there. What the store
+    holds is read from ``meta.json`` and from the ``run.json`` of every run this call would touch.
+    """
+    held_kinds: set[str] = set()
+    held_parts: set[int] = set()
+    held_fields: dict[str, set[str]] = {}
+
+    def note(kinds_: Any, parts_: Any, fields_: Any) -> None:
+        held_kinds.update(kinds_ or ())
+        held_parts.update(int(p) for p in parts_ or ())
+        for kind, names in (fields_ or {}).items():
+            held_fields.setdefault(kind, set()).update(names)
+
+    meta_path = store / "meta.json"
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+            note(meta.get("kinds"), meta.get("parts"), meta.get("config", {}).get("fields"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    for run in runs:
+        info = _read_run_info(store / "runs" / f"run_{run}")
+        if info is not None and isinstance(info.get("config"), dict):
+            config = info["config"]
+            note(config.get("kinds"), [p for chain in config.get("chains", []) for p in chain], config.get("fields"))
+    lost = []
+    if held_kinds - set(kinds):
+        lost.append(" and ".join(sorted(held_kinds - set(kinds))) + " data")
+    if held_parts - set(parts):
+        lost.append("partitions for P in " + str(sorted(held_parts - set(parts))))
+    for kind in sorted(held_kinds & set(kinds)):
+        missing = held_fields.get(kind, set()) - set(field_names.get(kind, ()))
+        if missing:
+            lost.append(f"{kind} fields {sorted(missing)}")
+    if not lost:
+        return
+    keep_kinds = sorted(held_kinds | set(kinds))
+    keep_parts = sorted(held_parts | set(parts))
+    flags = " ".join(f"--{k}" for k in keep_kinds) + " --parts " + " ".join(str(p) for p in keep_parts)
+    raise ValueError(
+        f"the store {store} holds {'; '.join(lost)}, which this run would delete (it asks for "
+        f"{' and '.join(kinds)}, P in {list(parts)}). To keep them, run again with {flags} "
+        f"(Python: surface={'surface' in keep_kinds}, volume={'volume' in keep_kinds}, parts={tuple(keep_parts)}"
+        f"{', and the same fields' if any('fields' in x for x in lost) else ''}); to rebuild without them, "
+        "delete the store first or write a new one"
+    )
 
 
 def _check_args(
@@ -307,6 +371,7 @@ def preprocess(
     split = split_runs(source.runs, splits, seed)
 
     store = Path(store_dir)
+    _refuse_to_drop(store, source.runs, kinds, parts, field_names)
     runs_dir = store / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     for stale in runs_dir.glob(".tmp-run_*"):  # left by a killed earlier job
@@ -342,6 +407,9 @@ def preprocess(
             results.append(_process_run(task))
             bar.update()
     else:
+        from .._spawn import check_main_guard
+
+        check_main_guard("preprocess(workers > 1)")
         num = min(workers, len(todo))
         threads = max(1, (os.cpu_count() or 1) // num)
         context = multiprocessing.get_context("spawn")  # fork is unsafe once torch/OpenMP threads exist

@@ -149,8 +149,12 @@ class DrivaerML:
         return len(self.runs)
 
     def __repr__(self) -> str:
-        kinds = [k for k, on in (("surface", self.surface), ("volume", self.volume)) if on]
-        return f"DrivaerML(root={str(self.root)!r}, runs={len(self.runs)}, kinds={kinds})"
+        runs = list(self.runs)
+        if len(runs) > 8 and runs == list(range(runs[0], runs[0] + len(runs))):
+            shown = f"range({runs[0]}, {runs[-1] + 1})"
+        else:
+            shown = str(runs)
+        return f"DrivaerML({str(self.root)!r}, surface={self.surface}, volume={self.volume}, runs={shown})"
 
     def run_dir(self, run: int) -> Path:
         """Folder of run number ``run``."""

@@ -5,7 +5,8 @@
 radius, ghosts marked by ``vtkGhostType``. :func:`write_local_partition` does the same from a
 distributed run, each rank writing its own piece (:func:`write_partition_index` indexes pieces
 written without a process group). :func:`read_partitions` reads an index back (pyvista cannot
-read ``.pvtp``). :func:`render_partitions` draws an off-screen PNG coloured by rank;
+read ``.pvtp``). :func:`read_mesh` reads a mesh file or raises one clear error (VTK itself logs
+and returns an empty mesh for a corrupt file). :func:`render_partitions` draws an off-screen PNG coloured by rank;
 :func:`plot_partition_quality` a bar chart of points and ghosts per rank.
 
 >>> import meshshard as ms                                                  # doctest: +SKIP
@@ -19,11 +20,14 @@ Files: ``car.pvtp`` (open this in ParaView), ``car_0.vtp`` ... ``car_7.vtp`` (on
 
 from __future__ import annotations
 
+from ._read import MeshReadError, read_mesh
 from ._render import plot_partition_quality, rank_colors, render_partitions
 from ._write import read_partitions, write_local_partition, write_partition_index, write_partitions
 
 __all__ = [
+    "MeshReadError",
     "plot_partition_quality",
+    "read_mesh",
     "rank_colors",
     "render_partitions",
     "read_partitions",

@@ -135,9 +135,11 @@ def render_partitions(
     legend
         Draw the rank legend (up to 24 ranks).
     title
-        Text in the top-left corner; default ``"<P> parts"``.
+        Text in the top-left corner; default ``"<METHOD>: <P> parts, <N> cells"`` (or points).
     point_size
-        Sphere size in pixels for point clouds; default from the number of points.
+        Point clouds: ``None`` (default) draws each point as a shaded 3-D sphere sized by the local
+        point spacing, so the spheres close up into a surface and the far side does not show
+        through; a number draws screen-space sprites of that many pixels instead.
     zoom
         Fraction of the view the bounding box may fill.
     background
@@ -160,15 +162,15 @@ def render_partitions(
     owner[perm] = np.repeat(np.arange(num_parts), sizes)
     colors = rank_colors(num_parts)
     rgb = (np.round(colors[owner] * 255)).astype(np.uint8)
-    if ds.cells is None:
+    sprites = ds.cells is None and point_size is not None
+    if ds.cells is None and point_size is None:
+        mesh = _sphere_splats(pv, np.asarray(ds.points, dtype=np.float64), rgb)
+    elif ds.cells is None:
         from ._write import _vertices
 
-        piece = Piece("poly", ds.points, _vertices(ds.num_items), {"rank_rgb": rgb}, {})
+        mesh = pv.wrap(to_vtk(Piece("poly", ds.points, _vertices(ds.num_items), {"rank_rgb": rgb}, {})))
     else:
-        piece = Piece(ds.kind, ds.points, ds.cells, {}, {"rank_rgb": rgb})
-    mesh = pv.wrap(to_vtk(piece))
-    if point_size is None:
-        point_size = float(np.clip(1500.0 / np.sqrt(max(ds.num_items, 1)), 2.0, 12.0))
+        mesh = pv.wrap(to_vtk(Piece(ds.kind, ds.points, ds.cells, {}, {"rank_rgb": rgb})))
 
     views = [FRONT_VIEW, REAR_VIEW] if second_view else [FRONT_VIEW]
     plotter = pv.Plotter(off_screen=True, window_size=(width, height), shape=(len(views), 1), border=False)
@@ -177,11 +179,11 @@ def render_partitions(
         for row, direction in enumerate(views):
             plotter.subplot(row, 0)
             plotter.camera.view_angle = 18.0  # a longer lens: less perspective stretch of the near end
-            style = {"render_points_as_spheres": True, "point_size": point_size} if ds.cells is None else {}
+            style = {"render_points_as_spheres": True, "point_size": point_size} if sprites else {}
             plotter.add_mesh(mesh, scalars="rank_rgb", rgb=True, specular=0.0, ambient=0.25, diffuse=0.8,
                              show_scalar_bar=False, **style)
             if row == 0:
-                text = title if title is not None else f"{num_parts} parts"
+                text = title if title is not None else _default_title(partition, num_parts, ds)
                 plotter.add_text(text, font_size=max(7, round(height / 66)), color="black")
                 if legend and 0 < num_parts <= _MAX_LEGEND_ENTRIES:
                     _add_legend(plotter, colors, height / len(views))
@@ -193,6 +195,45 @@ def render_partitions(
     finally:
         plotter.close()
     return path
+
+
+_MAX_SPLATS = 400_000  # spheres drawn for a point cloud; larger clouds are drawn from a random subset
+
+
+def _sphere_splats(pv: Any, points: np.ndarray, rgb: np.ndarray) -> Any:
+    """Each point as a small shaded 3-D sphere whose radius follows the local point spacing.
+
+    Screen-space point sprites of one size leave holes where a cloud is sparse, and through the
+    holes the far side shows; spheres sized by the distance to the 8th nearest neighbour close up
+    into a surface with depth, so a rank's region reads as a patch of that surface. Above
+    ``_MAX_SPLATS`` points a random subset is drawn (with larger spheres, as its spacing is larger).
+    """
+    from scipy.spatial import cKDTree
+
+    n = len(points)
+    if n > _MAX_SPLATS:
+        keep = np.sort(np.random.default_rng(0).choice(n, _MAX_SPLATS, replace=False))
+        points, rgb, n = points[keep], rgb[keep], _MAX_SPLATS
+    if n > 1:
+        dist, _ = cKDTree(points).query(points, k=min(9, n))  # 8 neighbours: also spans anisotropic rows
+        radius = 0.7 * dist[:, -1]
+    else:
+        radius = np.ones(n)
+    typical = float(np.median(radius[radius > 0])) if (radius > 0).any() else 1.0
+    radius = np.clip(np.where(radius > 0, radius, typical), 0.0, 2.5 * typical)  # isolated points stay small
+    cloud = pv.PolyData(points)
+    cloud["radius"] = radius
+    cloud["rank_rgb"] = rgb
+    sphere = pv.Sphere(radius=1.0, theta_resolution=8, phi_resolution=6)
+    return cloud.glyph(geom=sphere, scale="radius", orient=False, factor=1.0)
+
+
+def _default_title(partition: Any, num_parts: int, ds: Any) -> str:
+    part = partition if hasattr(partition, "method") else getattr(partition, "cells", None)
+    method = getattr(part, "method", None)
+    what = "points" if ds.cells is None else "cells"
+    head = f"{method.upper()}: " if isinstance(method, str) and method != "manual" else ""
+    return f"{head}{num_parts} parts, {ds.num_items:,} {what}"
 
 
 def _per_rank(value: Any, name: str) -> np.ndarray:

@@ -44,6 +44,8 @@ class Piece:
     cells: Cells
     point_data: dict[str, np.ndarray] = field(default_factory=dict)
     cell_data: dict[str, np.ndarray] = field(default_factory=dict)
+    #: whole-dataset values (VTK FieldData): strings, numbers or 1-D arrays
+    field_data: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,7 +134,28 @@ def to_vtk(piece: Piece):
                 target.SetGlobalIds(vtk_array)
             else:
                 target.AddArray(vtk_array)
+    for name, value in piece.field_data.items():
+        out.GetFieldData().AddArray(_field_array(name, value))
     return out
+
+
+def _field_array(name: str, value: object):
+    """A FieldData array: a one-tuple string array for text, else a numeric array."""
+    if isinstance(value, str):
+        from vtkmodules.vtkCommonCore import vtkStringArray
+
+        array = vtkStringArray()
+        array.SetName(name)
+        array.InsertNextValue(value)
+        return array
+    values = np.atleast_1d(np.asarray(value))
+    if values.dtype == bool:
+        values = values.astype(np.uint8)
+    elif values.dtype.kind == "f":
+        values = values.astype(np.float64)
+    elif values.dtype.kind in "iu":
+        values = values.astype(np.int64)
+    return _to_vtk_array(name, values)
 
 
 COMPRESSORS = (None, "zlib", "lz4", "lzma")

@@ -144,6 +144,7 @@ def write_partitions(
     ghost_radius: float | None = None,
     *,
     compression: str | None = None,
+    field_data: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write one VTK piece per rank and the parallel index ParaView opens.
 
@@ -179,6 +180,11 @@ def write_partitions(
     compression
         ``None`` (raw binary, fastest), ``"zlib"``, ``"lz4"`` or ``"lzma"``: VTK's compressors,
         which ParaView and pyvista read transparently.
+    field_data
+        Extra whole-dataset values (strings, numbers, 1-D arrays) for every piece's VTK FieldData.
+        Every piece always carries ``meshshard_version``, ``method`` (the partition's),
+        ``num_parts``, ``imbalance`` (largest part / mean part), ``ghost_radius`` (NaN without
+        ghosts) and ``rank`` (of the piece); ``pyvista.read(piece).field_data`` shows them.
 
     Returns
     -------
@@ -206,8 +212,33 @@ def write_partitions(
     owner[perm] = np.repeat(np.arange(len(sizes)), sizes)
     ghosts = None if radius is None else ghost_items(ds.centres(), owner, radius, len(sizes))
     make = _cloud_pieces if ds.cells is None else _mesh_pieces
-    _write_all(index, make(ds, perm, sizes, owner, ghosts), compression)
+    info = _field_data(partition, sizes, radius, field_data)
+    _write_all(index, _with_field_data(make(ds, perm, sizes, owner, ghosts), info), compression)
     return index
+
+
+def _field_data(
+    partition: Any, sizes: np.ndarray, radius: float | None, extra: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    from .. import __version__
+
+    part = partition if hasattr(partition, "method") else getattr(partition, "cells", None)
+    mean = sizes.sum() / max(len(sizes), 1)
+    info: dict[str, Any] = {
+        "meshshard_version": __version__,
+        "method": str(getattr(part, "method", "unknown")),
+        "num_parts": len(sizes),
+        "imbalance": float(sizes.max() / mean) if mean > 0 else float("nan"),
+        "ghost_radius": float("nan") if radius is None else float(radius),
+    }
+    info.update(extra or {})
+    return info
+
+
+def _with_field_data(pieces: Iterator[Piece], info: dict[str, Any]) -> Iterator[Piece]:
+    for rank, piece in enumerate(pieces):
+        piece.field_data = {**info, "rank": rank}
+        yield piece
 
 
 def _write_all(index: Path, pieces: Iterator[Piece], compression: str | None) -> None:

@@ -12,10 +12,25 @@ curves). :func:`quality` measures balance and ghost counts exactly.
 
 from __future__ import annotations
 
-from ._core import partition
-from ._mesh import MeshPartition, partition_mesh
-from ._partition import Partition
-from ._quality import neighbor_radius, quality, surface_to_volume_estimate
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> submodule; imported on first use so that ``meshshard partition --help`` stays fast
+_EXPORTS = {
+    "partition": "_core",
+    "MeshPartition": "_mesh",
+    "partition_mesh": "_mesh",
+    "Partition": "_partition",
+    "neighbor_radius": "_quality",
+    "quality": "_quality",
+    "surface_to_volume_estimate": "_quality",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._core import partition
+    from ._mesh import MeshPartition, partition_mesh
+    from ._partition import Partition
+    from ._quality import neighbor_radius, quality, surface_to_volume_estimate
 
 __all__ = [
     "MeshPartition",
@@ -26,3 +41,15 @@ __all__ = [
     "quality",
     "surface_to_volume_estimate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

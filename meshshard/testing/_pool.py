@@ -135,6 +135,9 @@ class WorkerPool:
             raise ValueError(f"world_size must be a positive int (got {world_size!r})")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive (got {timeout!r})")
+        from .._spawn import check_main_guard
+
+        check_main_guard("run_distributed")
         self.world_size = world_size
         self.backend = backend or _default_backend(world_size)
         self.timeout = float(timeout)

@@ -25,22 +25,20 @@ def cloud_file(tmp_path):
     return path
 
 
-def test_cloud_table_and_saved_partition(cloud_file, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("meshshard.partition._cli._io", lambda: None)
+def test_cloud_table_and_saved_partition(cloud_file, tmp_path, capsys):
     out = tmp_path / "out"
     assert _main(["partition", str(cloud_file), "--parts", "4", "--method", "hilbert", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "cloud.npy: 2,000 points into 4 parts with hilbert" in text
     assert "about 32 neighbours" in text and "imbalance 1.0000" in text and "ghost fraction" in text
     assert text.count("25.00%") == 4
-    assert "write_partitions is not available yet" in text
+    assert "ghosts within" in text and (out / "partitions.pvtp").is_file()  # ghosts are written by default
     part = Partition.load(out / "partition.pt")
     assert part.method == "hilbert" and part.sizes.tolist() == [500] * 4
 
 
-def test_mesh_input_with_radius_and_fractions(tmp_path, capsys, monkeypatch):
+def test_mesh_input_with_radius_and_fractions(tmp_path, capsys):
     pv = pytest.importorskip("pyvista")
-    monkeypatch.setattr("meshshard.partition._cli._io", lambda: None)
     path = tmp_path / "s.vtp"
     pv.Sphere(theta_resolution=16, phi_resolution=10).save(path)
     assert _main(["partition", str(path), "--parts", "2", "--ghost-radius", "0.1", "--fractions", "0.25,0.75"]) == 0
@@ -48,24 +46,27 @@ def test_mesh_input_with_radius_and_fractions(tmp_path, capsys, monkeypatch):
     assert "cells into 2 parts with rcb" in text and "ghost radius 0.1\n" in text
 
 
-def test_calls_io_when_available(cloud_file, tmp_path, capsys, monkeypatch):
+def test_calls_io(cloud_file, tmp_path, capsys, monkeypatch):
     calls = []
 
-    class FakeIO:
-        def write_partitions(self, data, part, out, ghost_radius=None):
-            calls.append(("write", part.num_parts, ghost_radius))
-            return out / "partitions.pvtp"
+    def write_partitions(data, part, out, ghost_radius=None, **kwargs):
+        calls.append(("write", part.num_parts, ghost_radius, sorted(kwargs.get("field_data", {}))))
+        return out / "partitions.pvtp"
 
-        def render_partitions(self, data, part, png):
-            calls.append(("render", part.num_parts))
-            return png
+    def render_partitions(data, part, png):
+        calls.append(("render", part.num_parts))
+        return png
 
-    monkeypatch.setattr("meshshard.partition._cli._io", lambda: FakeIO())
+    monkeypatch.setattr("meshshard.io.write_partitions", write_partitions)
+    monkeypatch.setattr("meshshard.io.render_partitions", render_partitions)
     png = tmp_path / "p.png"
     argv = ["partition", str(cloud_file), "--parts", "3", "--out", str(tmp_path / "o"), "--png", str(png)]
     assert _main([*argv, "--ghost-radius", "0.2"]) == 0
-    assert calls == [("write", 3, 0.2), ("render", 3)]
+    assert calls == [("write", 3, 0.2, ["imbalance", "source"]), ("render", 3)]
     assert f"wrote {png}" in capsys.readouterr().out
+    calls.clear()
+    assert _main([*argv, "--no-ghosts"]) == 0
+    assert calls[0][2] is None
 
 
 @pytest.mark.parametrize(
@@ -78,7 +79,7 @@ def test_calls_io_when_available(cloud_file, tmp_path, capsys, monkeypatch):
         (["{cloud}", "--parts", "2", "--fractions", "0.5"], r"--fractions needs 2 values"),
         (["{cloud}", "--fractions", "a,b"], r"--fractions must be comma-separated numbers"),
         (["{bad}"], r"must hold an \(N, 3\) or \(N, 2\) numeric array"),
-        (["{txt}"], r"INPUT must end with .npy"),
+        (["{txt}"], r"INPUT must be a \.npy point array"),
     ],
 )
 def test_user_errors_exit_with_one_line(argv, message, cloud_file, tmp_path):
