@@ -415,7 +415,7 @@ class CuratorDrivaerML:
         if "areas" in out:
             out["areas"] = out["areas"].reshape(-1)
         values = f.read(_FIELDS[kind], start, stop).astype(np.float64)
-        values = values.reshape(len(values), -1)
+        values = values if values.ndim == 2 else values.reshape(-1, 1)
         values *= self._scales(f, kind, values.shape[1])
         col = 0
         for name, width in getattr(self._layout, kind).items():
