@@ -2,6 +2,8 @@
 
 - :func:`make_synthetic_drivaerml` writes car-like runs in the real DrivaerML file layout;
 - :class:`DrivaerML` reads a DrivaerML-layout folder into point clouds of cell centres;
+- :class:`CuratorDrivaerML` reads PhysicsNeMo-Curator's DrivaerML outputs (Zarr or NumPy) the same
+  way, in meshshard's names and units (``preprocess(..., source="physicsnemo-curator")``);
 - :func:`preprocess` (CLI: ``meshshard preprocess``) partitions runs into a store where every
   rank's shard is one contiguous slice of each array;
 - :class:`DrivaerMLDataset` loads whole samples, or under a device mesh only this rank's shard
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+from ._curator import CuratorDrivaerML
 from ._preprocess import PreprocessReport, load_meta, preprocess
 from ._vtk import DatasetError
 from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
@@ -17,6 +20,7 @@ from .drivaerml_dataset import DrivaerMLDataset
 from .synthetic import RHO, U_INF, make_synthetic_drivaerml
 
 __all__ = [
+    "CuratorDrivaerML",
     "DatasetError",
     "DrivaerML",
     "DrivaerMLDataset",
