@@ -104,7 +104,9 @@ def test_npz_rows_are_one_pread_of_their_bytes(curator_roots: dict[str, Path], m
 
     reads: list[int] = []
     real = _store._pread
-    monkeypatch.setattr(_store, "_pread", lambda fd, nbytes, offset: reads.append(nbytes) or real(fd, nbytes, offset))
+    monkeypatch.setattr(
+        _store, "_pread", lambda fd, buffer, offset: reads.append(len(buffer)) or real(fd, buffer, offset)
+    )
     f = CuratorRun(curator_roots["npz"] / "run_1.npz")
     rows = f.read("volume_fields", 10, 30)
     assert rows.shape == (20, 5) and reads == [20 * 5 * 4]
