@@ -280,11 +280,13 @@ def _plot(rows: list[dict], path: Path) -> None:
     datasets = sorted({r["dataset"] for r in rows})
     fig, axes = plt.subplots(1, len(datasets) + 1, figsize=(5 * (len(datasets) + 1), 4))
     for ax, dataset in zip(axes, datasets):
-        for row in (r for r in rows if r["dataset"] == dataset):
-            ax.plot(PARTS, [row["reads"][str(p)]["cold_mb_s"] for p in PARTS], "o-", label=f"{row['format']} cold")
-            ax.plot(PARTS, [row["reads"][str(p)]["warm_mb_s"] for p in PARTS], "x--", alpha=0.5)
-        ax.set(xscale="log", yscale="log", xlabel="P", ylabel="rank-local read MB/s", title=dataset)
+        for k, row in enumerate(r for r in rows if r["dataset"] == dataset):
+            colour = f"C{k}"
+            ax.plot(PARTS, [row["reads"][str(p)]["cold_mb_s"] for p in PARTS], "o-", color=colour, label=row["format"])
+            ax.plot(PARTS, [row["reads"][str(p)]["warm_mb_s"] for p in PARTS], "x--", color=colour, alpha=0.5)
+        ax.set(xscale="log", yscale="log", xlabel="P", ylabel="rank-local read MB/s (o cold, x warm)", title=dataset)
         ax.set_xticks(PARTS, [str(p) for p in PARTS])
+        ax.minorticks_off()
         ax.legend(fontsize=7)
     big = [r for r in rows if r["dataset"] == datasets[-1]]
     axes[-1].bar([r["format"] for r in big], [r["disk_mb"] for r in big])
