@@ -296,43 +296,40 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1M volume cells instead of 10M")
-    parser.add_argument("--volume-cells", type=int, default=None)
-    parser.add_argument("--demo-runs", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3, help="reads per slice; the fastest counts")
-    args = parser.parse_args()
-    num_cells = args.volume_cells or (1_000_000 if args.quick else 10_000_000)
+def main(quick: bool = False, volume_cells: int | None = None, num_demo_runs: int = 4, repeats: int = 3) -> dict:
+    """Write, size and read every format on the demo runs and one synthetic volume; table, JSON, PNG."""
+    num_cells = volume_cells or (1_000_000 if quick else 10_000_000)
     torch.set_num_threads(max(1, (os.cpu_count() or 1)))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_store_", dir=os.environ.get("BENCH_TMP")) as tmp:
         work = Path(tmp)
         t = time.perf_counter()
-        demo = demo_runs(work, args.demo_runs)
+        demo = demo_runs(work, num_demo_runs)
         print(f"demo: {len(demo)} runs x {len(demo[0][0]['pos'])} points ({time.perf_counter() - t:.1f} s)")
         for fmt in FORMATS:
-            rows.append(bench_format(fmt, demo, work, "demo", args.repeats))
+            rows.append(bench_format(fmt, demo, work, "demo", repeats))
         del demo
         t = time.perf_counter()
         volume = [volume_run(num_cells)]
         label = f"vol{len(volume[0][0]['pos']) / 1e6:.0f}M"
         print(f"volume: {len(volume[0][0]['pos']):,} points ({time.perf_counter() - t:.1f} s)")
         for fmt in FORMATS:
-            rows.append(bench_format(fmt, volume, work, label, args.repeats))
+            rows.append(bench_format(fmt, volume, work, label, repeats))
     _print(rows)
     RESULTS.mkdir(exist_ok=True)
-    stem = "bench_store_quick" if args.quick else "bench_store"
+    stem = "bench_store_quick" if quick else "bench_store"
     out = {
         "benchmark": "store",
-        "quick": args.quick,
+        "quick": quick,
         "volume_cells": num_cells,
+        "repeats": repeats,
         "machine": {"cpus": os.cpu_count(), "load_average_at_end": os.getloadavg(), "zarr": _zarr_version()},
         "rows": rows,
     }
     (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=1))
     _plot(rows, RESULTS / f"{stem}.png")
     print(f"saved {RESULTS / stem}.json/.png; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    return out
 
 
 def _zarr_version() -> str:
@@ -342,4 +339,10 @@ def _zarr_version() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1M volume cells instead of 10M")
+    parser.add_argument("--volume-cells", type=int, default=None)
+    parser.add_argument("--demo-runs", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="reads per slice; the fastest counts")
+    args = parser.parse_args()
+    main(args.quick, args.volume_cells, args.demo_runs, args.repeats)
