@@ -311,5 +311,25 @@ def test_cli_source(curator_roots: dict[str, Path], tmp_path: Path, capsys: pyte
     assert "1 run(s) processed" in capsys.readouterr().out
     assert load_meta(tmp_path / "s")["runs"]["1"]["surface"]["sizes"]["2"]
     bad = parser.parse_args(["preprocess", str(curator_roots["npz"]), str(tmp_path / "t"), "--no-progress"])
-    with pytest.raises(SystemExit, match="no run_<i> folders"):
+    with pytest.raises(SystemExit, match=r"no run_<i> folders in .*: use source='physicsnemo-curator'\)$"):
         bad.func(bad)
+
+
+def test_workers_give_the_same_store(curator_roots: dict[str, Path], tmp_path: Path) -> None:
+    """Spawned workers re-open the curator folder with the same variable config."""
+    stores = []
+    for workers in (1, 2):
+        stores.append(tmp_path / f"w{workers}")
+        report = preprocess(
+            curator_roots["npz"],
+            stores[-1],
+            parts=(1, 2),
+            workers=workers,
+            progress=False,
+            source="physicsnemo-curator",
+        )
+        assert report.ok and report.processed == [1, 2, 3]
+    files = sorted(p.relative_to(stores[0]) for p in stores[0].rglob("*.npy"))
+    assert files and files == sorted(p.relative_to(stores[1]) for p in stores[1].rglob("*.npy"))
+    for rel in files:
+        assert (stores[0] / rel).read_bytes() == (stores[1] / rel).read_bytes()
