@@ -43,9 +43,10 @@ centres with cell data.
 
 Bounded reads. Every point array is read by row range: Zarr decodes only the chunks that overlap
 ``[start, stop)``; an ``.npz`` written by ``np.savez`` stores its members uncompressed, so the rows
-are one contiguous byte range of the zip file and are read with one ``pread`` (a compressed
+are one contiguous byte range of the zip file, read straight into the array (a compressed
 ``np.savez_compressed`` member is decompressed whole). :func:`rank_rows` gives every rank a
-contiguous, chunk-aligned range. Hand-written (not ``np.load(mmap_mode=...)``, which ignores it for
+contiguous, chunk-aligned range and :meth:`CuratorDrivaerML.read_sharded` reads it into
+``ShardTensor`` s with no communication. Hand-written (not ``np.load(mmap_mode=...)``, which ignores it for
 ``.npz``) because no library maps a member of a zip file.
 """
 
@@ -58,12 +59,18 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from ._store import NpyHeader, read_rows
 from ._vtk import DatasetError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from meshshard.tensor import ShardTensor
 
 __all__ = [
     "CURATOR_SURFACE_VARIABLES",
@@ -397,6 +404,22 @@ class CuratorDrivaerML:
             )
         return vertices, faces.reshape(-1, 3)
 
+    def sdf(self, run: int, points: np.ndarray, backend: str = "auto", chunk_size: int = 1_000_000) -> np.ndarray:
+        """Signed distance [m] of ``points`` (M, 3) to the run's body (positive outside), as the raw path's ``sdf``.
+
+        Duplicated STL vertices are merged first (``trimesh``), as loading the ``.stl`` does on the
+        raw path, so the sign comes from the same pseudonormals.
+        """
+        import trimesh
+
+        from ._sdf import signed_distance
+
+        vertices, faces = self.body(run)
+        body = trimesh.Trimesh(vertices, faces, process=True)
+        if len(body.faces) == 0:
+            raise DatasetError(f"{self.open(run).path.name}: array 'stl_faces' holds no triangles")
+        return signed_distance(points, body.vertices, body.faces, backend=backend, chunk_size=chunk_size)
+
     def _scales(self, f: CuratorRun, kind: str, columns: int) -> np.ndarray:
         velocity, density = f.constant("stream_velocity"), f.constant("air_density")
         if kind == "surface":
@@ -431,6 +454,42 @@ class CuratorDrivaerML:
     def read_volume(self, run: int, rows: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
         """Volume of ``run`` (rows ``[start, stop)`` only, if given): ``pos`` and fields (no ``sdf``)."""
         return self._read(run, "volume", rows)
+
+    def read_sharded(
+        self, run: int, kind: str, mesh: DeviceMesh, sdf_backend: str | None = None
+    ) -> dict[str, ShardTensor]:
+        """This rank's contiguous piece of ``kind`` of ``run`` as float32 ``ShardTensor`` s, in file order.
+
+        Rank ``r`` of the mesh's last (domain) axis reads only rows :meth:`rank_rows` (whole
+        chunks; no rank reads the whole array) and builds each tensor with every rank's row count,
+        which every rank derives from the file's shapes and chunks. The pieces are in the curator's
+        row order, not a geometric partition: hand ``"pos"`` to a parallel partitioner to
+        redistribute. With ``sdf_backend`` (volume only), each rank also computes ``"sdf"`` of its
+        own points against the body (read whole: it is small).
+
+        **Communication:** none.
+        """
+        from meshshard.tensor import ShardTensor
+
+        if kind not in _GEOMETRY:
+            raise ValueError(f"kind must be 'surface' or 'volume' (got {kind!r})")
+        if not getattr(self, kind):
+            raise ValueError(f"this reader was made with {kind}=False")
+        axis = mesh.ndim - 1
+        num_ranks, rank = mesh.size(axis), mesh.get_local_rank(axis)
+        ranges = [self.rank_rows(run, kind, r, num_ranks) for r in range(num_ranks)]
+        sizes = [stop - start for start, stop in ranges]
+        arrays = self._read(run, kind, ranges[rank])
+        if sdf_backend is not None:
+            if kind != "volume":
+                raise ValueError("sdf_backend is for the volume (got kind='surface')")
+            arrays["sdf"] = self.sdf(run, arrays["pos"], backend=sdf_backend)
+        return {
+            name: ShardTensor.from_local(
+                torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), mesh, sizes=sizes, dim=0
+            )
+            for name, values in arrays.items()
+        }
 
     def rank_rows(self, run: int, kind: str, rank: int, num_ranks: int) -> tuple[int, int]:
         """The contiguous rows of ``kind`` that rank ``rank`` of ``num_ranks`` reads.

@@ -196,13 +196,7 @@ def _volume_sdf(
 ) -> np.ndarray:
     if isinstance(ds, DrivaerML):
         return _sdf_to_stl(ds.stl_path(run), points, backend, chunk_size)
-    import trimesh
-
-    vertices, faces = ds.body(run)
-    body = trimesh.Trimesh(vertices, faces, process=True)  # merge duplicated vertices, as for the STL
-    if len(body.faces) == 0:
-        raise ValueError(f"run_{run}: the body (stl_faces) has no triangles")
-    return signed_distance(points, body.vertices, body.faces, backend=backend, chunk_size=chunk_size)
+    return ds.sdf(run, points, backend=backend, chunk_size=chunk_size)
 
 
 def _sdf_to_stl(stl_path: Path, points: np.ndarray, backend: str, chunk_size: int) -> np.ndarray:
@@ -315,8 +309,9 @@ def preprocess(
     source:
         ``"drivaerml"`` (raw VTK runs) or ``"physicsnemo-curator"`` (its Zarr or NumPy output; read
         by row ranges, so the volume ``sdf`` uses the run's ``stl_coordinates``/``stl_faces``).
-        Each run is still read whole by one worker and partitioned in that process: the
-        rank-parallel read (:meth:`CuratorDrivaerML.rank_rows`) waits for the parallel partitioner.
+        Each run is still read whole by one worker and partitioned in that process; the
+        rank-parallel read (:meth:`CuratorDrivaerML.read_sharded`: each rank its chunk range, as
+        ``ShardTensor`` s) is there for the parallel partitioner to take over.
 
     Workers are *spawned* processes (forking a process that already runs torch/OpenMP threads is
     unsafe), so a script that calls this with ``workers > 1`` needs the usual

@@ -333,3 +333,53 @@ def test_workers_give_the_same_store(curator_roots: dict[str, Path], tmp_path: P
     assert files and files == sorted(p.relative_to(stores[1]) for p in stores[1].rglob("*.npy"))
     for rel in files:
         assert (stores[0] / rel).read_bytes() == (stores[1] / rel).read_bytes()
+
+
+def _read_sharded(root: str, kind: str) -> dict[str, Any]:
+    from meshshard.comm import CommCounter
+    from meshshard.datasets import _store
+    from meshshard.mesh import init_mesh
+
+    mesh = init_mesh()
+    reader = CuratorDrivaerML(root, volume=True)
+    read_bytes: list[int] = []
+    real = _store._pread
+    _store._pread = lambda fd, buffer, offset: read_bytes.append(len(buffer)) or real(fd, buffer, offset)
+    try:
+        with CommCounter() as cc:
+            shards = reader.read_sharded(2, kind, mesh, sdf_backend="igl" if kind == "volume" else None)
+    finally:
+        _store._pread = real
+    return {
+        "collectives": cc.total,
+        "sizes": list(shards["pos"].sharding_sizes),
+        "local": {k: v.to_local().numpy() for k, v in shards.items()},
+        "read_bytes": sum(read_bytes),
+        "full_pos": shards["pos"].full_tensor().numpy(),
+    }
+
+
+@pytest.mark.parametrize(("world", "fmt", "kind"), [(2, "npz", "volume"), (3, "zarr", "volume"), (3, "npz", "surface")])
+def test_read_sharded_reads_only_the_ranks_chunks(
+    curator_roots: dict[str, Path], world: int, fmt: str, kind: str
+) -> None:
+    results = run_distributed(_read_sharded, world, str(curator_roots[fmt]), kind, timeout=240)
+    reader = CuratorDrivaerML(curator_roots[fmt], volume=True)
+    whole = reader.read_volume(2) if kind == "volume" else reader.read_surface(2)
+    n = len(whole["pos"])
+    for rank, res in enumerate(results):
+        start, stop = reader.rank_rows(2, kind, rank, world)
+        sizes = [b - a for a, b in (reader.rank_rows(2, kind, r, world) for r in range(world))]
+        assert res["collectives"] == 0 and res["sizes"] == sizes
+        assert 0 < stop - start < n  # nobody reads the whole array
+        for name, values in whole.items():
+            np.testing.assert_array_equal(res["local"][name], values[start:stop].astype(np.float32), err_msg=name)
+        if kind == "volume":
+            np.testing.assert_allclose(res["local"]["sdf"], reader.sdf(2, whole["pos"][start:stop]), atol=1e-6)
+        if fmt == "npz":  # this rank's rows of the point arrays, and when sdf is asked the (small) STL
+            row_bytes = sum(v[:1].astype(np.float32).nbytes for v in whole.values())
+            stl = CuratorRun(reader.open(2).path)
+            stl_bytes = 4 * (3 * stl.shape("stl_coordinates")[0] + stl.shape("stl_faces")[0])
+            extra = 0 if kind == "surface" else 3 * stl_bytes
+            assert (stop - start) * row_bytes <= res["read_bytes"] <= (stop - start) * row_bytes + extra
+        np.testing.assert_array_equal(res["full_pos"], whole["pos"].astype(np.float32))
