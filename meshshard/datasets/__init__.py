@@ -2,6 +2,8 @@
 
 - :func:`make_synthetic_drivaerml` writes car-like runs in the real DrivaerML file layout;
 - :class:`DrivaerML` reads a DrivaerML-layout folder into point clouds of cell centres;
+- :class:`CuratorDrivaerML` reads PhysicsNeMo-Curator's DrivaerML outputs (Zarr or NumPy) the same
+  way, in meshshard's names and units (``preprocess(..., source="physicsnemo-curator")``);
 - :func:`preprocess` (CLI: ``meshshard preprocess``) partitions runs into a store where every
   rank's shard is one contiguous slice of each array;
 - :class:`DrivaerMLDataset` loads whole samples, or under a device mesh only this rank's shard
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 #: public name -> submodule; imported on first use so that ``meshshard preprocess --help`` stays fast
 _EXPORTS = {
+    "CuratorDrivaerML": "_curator",
     "PreprocessReport": "_preprocess",
     "load_meta": "_preprocess",
     "preprocess": "_preprocess",
@@ -30,6 +33,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._curator import CuratorDrivaerML
     from ._preprocess import PreprocessReport, load_meta, preprocess
     from ._vtk import DatasetError
     from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
@@ -37,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .synthetic import RHO, U_INF, make_synthetic_drivaerml
 
 __all__ = [
+    "CuratorDrivaerML",
     "DatasetError",
     "DrivaerML",
     "DrivaerMLDataset",

@@ -23,7 +23,15 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = ar
         ),
         formatter_class=formatter_class,
     )
-    parser.add_argument("data_dir", metavar="DATA_DIR", help="folder holding run_<i>/ sub-folders")
+    parser.add_argument(
+        "data_dir", metavar="DATA_DIR", help="folder holding run_<i>/ sub-folders (or curator run_<i>.zarr/.npz)"
+    )
+    parser.add_argument(
+        "--source",
+        choices=("drivaerml", "physicsnemo-curator"),
+        default="drivaerml",
+        help="DATA_DIR layout: raw DrivaerML VTK runs (default) or PhysicsNeMo-Curator output (Zarr or NumPy)",
+    )
     parser.add_argument("store", metavar="STORE", help="output store folder (created)")
     parser.add_argument(
         "--parts", type=int, nargs="+", default=[1, 2, 4], help="part counts P to serve (at most the cells of a run)"
@@ -69,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 runs=args.runs,
                 sdf_backend=args.sdf_backend,
                 progress=not args.no_progress,
+                source=args.source,
             )
     except (ValueError, TypeError, FileNotFoundError) as err:
         raise UsageError(f"meshshard preprocess: {err}") from None

@@ -129,34 +129,42 @@ def read_npy_header(path: Path) -> NpyHeader:
     return NpyHeader(tuple(shape), np.dtype(dtype), offset)
 
 
-def _pread(fd: int, nbytes: int, offset: int) -> bytes:
-    """One positioned read (the single place where store data leaves the disk; tests wrap it)."""
-    return os.pread(fd, nbytes, offset)
+#: Bytes per positioned read. Measured here on 10M x 3 float32 (115 MB) from the page cache: one
+#: ``preadv`` 0.10 s, 4 MiB blocks 0.05 s, ``os.pread`` into ``bytes`` then copied 0.50 s.
+_READ_BLOCK = 4 * 2**20
+
+
+def _pread(fd: int, buffer: memoryview, offset: int) -> int:
+    """One positioned read into ``buffer`` (the single place where store data leaves the disk; tests wrap it)."""
+    return os.preadv(fd, [buffer], offset)
 
 
 def read_rows(path: Path, start: int, stop: int, header: NpyHeader | None = None) -> np.ndarray:
     """Rows ``[start, stop)`` of an ``.npy`` file, reading exactly those bytes and nothing else.
+
+    The bytes go straight from the file into the returned array (``preadv`` into an uninitialised
+    buffer, in blocks of 4 MiB): no temporary ``bytes`` object, no zero-filling.
 
     **Shapes**: returns ``(stop - start, *row_shape)``.
     """
     header = read_npy_header(path) if header is None else header
     if not 0 <= start <= stop <= header.shape[0]:
         raise ValueError(f"rows [{start}, {stop}) out of range for {path} with {header.shape[0]} rows")
-    nbytes = (stop - start) * header.row_bytes
-    buf = bytearray(nbytes)
-    view = memoryview(buf)
+    out = np.empty((stop - start, *header.row_shape), dtype=header.dtype)
+    view = memoryview(out).cast("B") if out.nbytes else memoryview(b"")
+    nbytes = len(view)
+    first = header.data_offset + start * header.row_bytes
     fd = os.open(path, os.O_RDONLY)
     try:
         done = 0
-        while done < nbytes:  # pread may return fewer bytes than asked for
-            chunk = _pread(fd, nbytes - done, header.data_offset + start * header.row_bytes + done)
-            if not chunk:
+        while done < nbytes:  # a read may return fewer bytes than asked for
+            got = _pread(fd, view[done : min(nbytes, done + _READ_BLOCK)], first + done)
+            if not got:
                 raise OSError(f"{path}: unexpected end of file (truncated store array?)")
-            view[done : done + len(chunk)] = chunk
-            done += len(chunk)
+            done += got
     finally:
         os.close(fd)
-    return np.frombuffer(buf, dtype=header.dtype).reshape((stop - start, *header.row_shape))
+    return out
 
 
 # ------------------------------------------------------------------------- partitions

@@ -133,7 +133,9 @@ class DrivaerML:
         found = sorted(int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := _RUN_DIR.match(p.name)))
         if runs is None:
             if not found:
-                raise FileNotFoundError(f"root: no run_<i> folders in {self.root}")
+                curated = any(re.match(r"^run_\d+\.(zarr|npz)$", p.name) for p in self.root.iterdir())
+                hint = " (it holds PhysicsNeMo-Curator run_<i>.zarr/.npz: use source='physicsnemo-curator')"
+                raise FileNotFoundError(f"root: no run_<i> folders in {self.root}{hint if curated else ''}")
             self.runs = found
         else:
             self.runs = [int(r) for r in runs]

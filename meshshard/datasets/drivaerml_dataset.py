@@ -46,7 +46,8 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
     **Under a device mesh** of ``P`` ranks on its last (domain) axis: ``ds[k]`` holds this rank's
     shard of every array as a :class:`~meshshard.ShardTensor` built with the store's sizes for
     ``P``. Rank ``r`` reads only the rows ``[offset_r, offset_r + size_r)`` of each array (one
-    ``pread`` per array: ``size_r`` rows times the row bytes; :attr:`bytes_read` counts them).
+    contiguous byte range per array, read straight into the tensor: ``size_r`` rows times the row
+    bytes; :attr:`bytes_read` counts them).
 
     Samples differ in size, so wrap it in a ``DataLoader`` with ``batch_size=None`` (one sample
     per step, as the DrivaerML recipes do) or your own collate function.

@@ -121,9 +121,9 @@ def _rank_local_sample(store: str, kind: str, num_points: int | None) -> dict[st
     reads: list[tuple[str, int, int]] = []
     real_pread = _store._pread
 
-    def spy(fd: int, nbytes: int, offset: int) -> bytes:
-        reads.append((os.readlink(f"/proc/self/fd/{fd}"), nbytes, offset))
-        return real_pread(fd, nbytes, offset)
+    def spy(fd: int, buffer: memoryview, offset: int) -> int:
+        reads.append((os.readlink(f"/proc/self/fd/{fd}"), len(buffer), offset))
+        return real_pread(fd, buffer, offset)
 
     calls: Counter = Counter()
     originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}

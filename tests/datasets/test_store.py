@@ -148,9 +148,9 @@ def test_read_rows_reads_only_the_slice(tmp_path: Path, monkeypatch: pytest.Monk
     calls = []
     real = _store._pread
 
-    def spy(fd: int, nbytes: int, offset: int) -> bytes:
-        calls.append((nbytes, offset))
-        return real(fd, nbytes, offset)
+    def spy(fd: int, buffer: memoryview, offset: int) -> int:
+        calls.append((len(buffer), offset))
+        return real(fd, buffer, offset)
 
     monkeypatch.setattr(_store, "_pread", spy)
     rows = read_rows(path, 5, 9)
