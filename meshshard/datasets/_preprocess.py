@@ -410,7 +410,7 @@ def preprocess(
     split = split_runs(reader.runs, splits, seed)
 
     store = Path(store_dir)
-    _refuse_to_drop(store, source.runs, kinds, parts, field_names)
+    _refuse_to_drop(store, reader.runs, kinds, parts, field_names)
     runs_dir = store / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     for stale in runs_dir.glob(".tmp-run_*"):  # left by a killed earlier job

@@ -35,8 +35,9 @@ WORLD = 3
 CHUNKS = 16
 MAX_SAMPLES = 3  # per op: op_db's first samples cover the argument forms; keeps the sweep to minutes
 # Skipped on purpose, with the reason recorded in the table.
-_NONDETERMINISTIC = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "empty", "exponential",
-                     "cauchy", "geometric", "log_normal", "poisson")
+_NONDETERMINISTIC = {"rand", "randn", "randint", "normal", "bernoulli", "dropout", "dropout1d", "dropout2d",
+                     "dropout3d", "multinomial", "uniform", "empty", "exponential", "cauchy", "geometric", "poisson",
+                     "rrelu"}
 
 OK, RAISES, WRONG, ERROR, SKIP = 0, 1, 2, 3, 4
 VERDICT = {OK: "exact", RAISES: "raises", WRONG: "WRONG", ERROR: "ERROR", SKIP: "skip"}
@@ -53,7 +54,7 @@ def _op_db():
 
 
 def _skip_reason(op) -> str | None:
-    if any(k in op.name for k in _NONDETERMINISTIC):
+    if _NONDETERMINISTIC & set(op.name.replace(".", "_").split("_")):
         return "random or uninitialised output"
     if torch.float64 not in op.supported_dtypes("cpu"):
         return "no float64 on the CPU"
@@ -107,17 +108,20 @@ def _shard(t: torch.Tensor, dim: int, sizes, mesh):
 
 def _case(op, sample, dim, sizes, shard_others, mesh):
     """One sharded run against serial: the verdict code and a short note."""
-    inp = sample.input
+    listed = isinstance(sample.input, (list, tuple))
+    inp = sample.input[0] if listed else sample.input
     # serial reference
     ref_in = inp.detach().clone().requires_grad_(inp.requires_grad)
 
     def plain_copy(a):
         return a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
 
+    ref_rest = [plain_copy(a) for a in sample.input[1:]] if listed else []
+
     ref_args = [plain_copy(a) for a in sample.args]
     ref_kwargs = {k: plain_copy(v) for k, v in sample.kwargs.items()}
     try:
-        ref = op.op(ref_in, *ref_args, **ref_kwargs)
+        ref = op.op([ref_in, *ref_rest] if listed else ref_in, *ref_args, **ref_kwargs)
     except Exception:
         return SKIP, "serial raises"
     ref_items = _flat(ref)
@@ -129,10 +133,11 @@ def _case(op, sample, dim, sizes, shard_others, mesh):
             return _shard(a, dim, sizes, mesh)[0]
         return plain_copy(a)
 
+    rest = [shard_like(a) for a in sample.input[1:]] if listed else []
     args = [shard_like(a) for a in sample.args]
     kwargs = {k: shard_like(v) for k, v in sample.kwargs.items()}
     try:
-        out = op.op(x, *args, **kwargs)
+        out = op.op([x, *rest] if listed else x, *args, **kwargs)
         code, note = OK, ""
     except (ms.UnsupportedOpError, ms.ShardingError) as exc:
         out, code, note = None, RAISES, type(exc).__name__
@@ -159,13 +164,13 @@ def _case(op, sample, dim, sizes, shard_others, mesh):
         return OK, "forward"
     gen = torch.Generator().manual_seed(3)
     cots = [torch.randn(r.shape, generator=gen, dtype=r.dtype) for _, r in diff]
-    ref_inputs = [ref_in] + [a for a in list(ref_args) + list(ref_kwargs.values())
+    ref_inputs = [ref_in] + [a for a in ref_rest + list(ref_args) + list(ref_kwargs.values())
                              if isinstance(a, torch.Tensor) and a.requires_grad]
     ref_loss = sum((r * c).sum() for (_, r), c in zip(diff, cots))
     ref_grads = torch.autograd.grad(ref_loss, ref_inputs, allow_unused=True)
-    plain_inputs = [a for a in list(args) + list(kwargs.values())
+    plain_inputs = [a for a in rest + list(args) + list(kwargs.values())
                     if isinstance(a, torch.Tensor) and not isinstance(a, ms.ShardTensor) and a.requires_grad]
-    sharded_inputs = [a for a in list(args) + list(kwargs.values()) if isinstance(a, ms.ShardTensor)]
+    sharded_inputs = [a for a in rest + list(args) + list(kwargs.values()) if isinstance(a, ms.ShardTensor)]
     if len(plain_inputs) + len(sharded_inputs) != len(ref_inputs) - 1:
         return OK, "forward (gradient inputs do not pair up)"
     try:
@@ -188,17 +193,14 @@ def _case(op, sample, dim, sizes, shard_others, mesh):
     # reference grads in the same order: input, sharded others (as they appear), plain others
     ref_by_id = dict(zip([id(a) for a in ref_inputs], ref_grads))
     pairs = list(zip([ref_in], grads[:1]))
-    ref_others = [a for a in list(ref_args) + list(ref_kwargs.values())
-                  if isinstance(a, torch.Tensor) and a.requires_grad]
     sh_i = pl_i = 0
-    for a, r in zip(list(args) + list(kwargs.values()), list(ref_args) + list(ref_kwargs.values())):
+    for a, r in zip(rest + list(args) + list(kwargs.values()), ref_rest + list(ref_args) + list(ref_kwargs.values())):
         if isinstance(a, ms.ShardTensor):
             pairs.append((r, grads[1 + sh_i]))
             sh_i += 1
         elif isinstance(a, torch.Tensor) and a.requires_grad:
             pairs.append((r, grads[1 + len(sharded_inputs) + pl_i]))
             pl_i += 1
-    del ref_others
     for r, g in pairs:
         rg = ref_by_id.get(id(r))
         if isinstance(g, ms.ShardTensor):
@@ -237,13 +239,15 @@ def _sweep(names: list[str]) -> dict:
             continue
         cases = []
         for si, sample in enumerate(samples[:MAX_SAMPLES]):
-            if not isinstance(sample.input, torch.Tensor) or sample.input.layout != torch.strided:
+            first = sample.input[0] if isinstance(sample.input, (list, tuple)) and sample.input else sample.input
+            if not isinstance(first, torch.Tensor) or first.layout != torch.strided:
                 cases.append([SKIP, "input is not a strided tensor"])
                 continue
-            for dim in [d for d in range(sample.input.dim()) if sample.input.shape[d] >= 2]:
-                sizes = _sizes(sample.input.shape[dim], si + dim)
-                same_shape = any(isinstance(a, torch.Tensor) and a.shape == sample.input.shape
-                                 for a in list(sample.args) + list(sample.kwargs.values()))
+            rest = list(sample.input[1:]) if isinstance(sample.input, (list, tuple)) else []
+            for dim in [d for d in range(first.dim()) if first.shape[d] >= 2]:
+                sizes = _sizes(first.shape[dim], si + dim)
+                same_shape = any(isinstance(a, torch.Tensor) and a.shape == first.shape
+                                 for a in rest + list(sample.args) + list(sample.kwargs.values()))
                 for shard_others in ((False, True) if same_shape else (False,)):
                     _trace(f"{name} sample {si} dim {dim} sizes {sizes} others {shard_others}")
                     code, note = _case(op, sample, dim, sizes, shard_others, mesh)
