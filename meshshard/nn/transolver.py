@@ -155,6 +155,9 @@ class Transolver(nn.Module):
         ``"published"`` or ``"orthogonal"`` (the same, but orthogonal slice projections).
     cond_dim:
         Channels of the optional per-sample condition (``None``: no condition input).
+    seed:
+        Keys the model's random draws with ``rng_step`` (Gumbel noise, attention dropout): layer
+        ``i`` uses ``seed * 65537 + i``, so two models built alike draw alike, in any process.
 
     **Shapes:** ``x`` ``(N, in_dim)`` or ``(B, N, in_dim)`` -> ``(N, out_dim)`` or ``(B, N, out_dim)``;
     a ShardTensor sharded on ``N`` gives a ShardTensor with the same sharding. ``condition``
@@ -185,6 +188,7 @@ class Transolver(nn.Module):
         temperature_range: tuple[float, float] | None = None,
         init: str = "published",
         cond_dim: int | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         _check_positive_int(in_dim, "in_dim")
@@ -214,6 +218,8 @@ class Transolver(nn.Module):
             )
             for _ in range(n_layers)
         )
+        for i, block in enumerate(self.blocks):  # a function of the architecture, not of process history
+            block.attn.seed = int(seed) * 65_537 + i
         self.ln_out = nn.LayerNorm(n_hidden)
         self.head = nn.Linear(n_hidden, out_dim)
         self._init_weights(init)
