@@ -46,6 +46,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grad-checkpoint", action="store_true", help="recompute blocks in backward")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--model", choices=("transolver", "transolver++"), default="transolver",
+                   help="Transolver (default) or Transolver++ (adaptive temperature, Gumbel-softmax slices)")
     _add_model_args(p)
 
 
@@ -92,6 +94,7 @@ def _run_train(args: argparse.Namespace) -> int:
         dp=args.dp,
         grad_checkpoint=args.grad_checkpoint,
         resume=args.resume,
+        arch=args.model,
     )
     if args.n_hidden % args.n_head:
         raise SystemExit(f"meshshard train: --n-hidden ({args.n_hidden}) must be divisible by --n-head ({args.n_head})")
