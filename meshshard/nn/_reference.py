@@ -30,7 +30,8 @@ right the reference's. Shapes: ``C`` width, ``H`` heads, ``D = C / H``, ``M`` sl
 The thuml models take ``cat(pos, fx)``: ``in_dim = space_dim + fun_dim``; pass that concatenation.
 Transolver++'s ``Model`` always holds ``embedding = Linear(3, C)`` (a condition that is used only
 when given), so a thuml++ state dict gives ``cond_dim = 3``, and a model without a condition
-exports zeros there. Not supported (a clear error): ``unified_pos`` and ``Time_Input`` models.
+exports zeros there. ``unified_pos`` models load (their wider input is inferred), but the caller
+computes the grid-distance features the reference concatenates; ``Time_Input`` models raise a clear error.
 
 **physicsnemo** — ``physicsnemo.models.transolver.Transolver(..., use_te=False)``, irregular mesh
 (``structured_shape=None``), naming as of PhysicsNeMo 2026-08 (``_TransolverMlp`` = ``Mlp``)::
