@@ -253,6 +253,43 @@ def test_checkpointed_blocks_on_shards(world_size, variant):
     assert counts == [(layers, 2 * layers + 1)] * world_size
 
 
+def _sharded_plus_keyed_by_point_ids(sizes):
+    """Noise keyed by user ids (e.g. original mesh ids): sharded equals serial, forward and backward."""
+    mesh = ms.init_mesh()
+    model = _model(variant="plus")
+    n = sum(sizes)
+    g = _inputs(2, n, seed=11)
+    ids = torch.randperm(n, generator=torch.Generator().manual_seed(2)) * 7 + 2**33  # arbitrary distinct ids
+    ref_x = g.clone().requires_grad_()
+    ref_y = model(ref_x, point_ids=ids)
+    _mse(ref_y).backward()
+    ref_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    model.rng_step = 0
+    rank = dist.get_rank()
+    off = sum(sizes[:rank])
+    leaf = g.narrow(1, off, sizes[rank]).clone().requires_grad_()
+    x = ms.ShardTensor.from_local(leaf, mesh, sizes, dim=1)
+    try:
+        model(x, point_ids=ids)
+    except TypeError as e:
+        plain_ids_error = str(e)
+    pid = ms.ShardTensor.from_local(ids[off:off + sizes[rank]], mesh, sizes, dim=0)
+    y = model(x, point_ids=pid)
+    torch.testing.assert_close(y.full_tensor().to_plain(), ref_y.detach(), **TOL)
+    _mse(y).backward()
+    ms.nn.sync_gradients(model, mesh)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[k], **TOL, msg=k)
+    torch.testing.assert_close(leaf.grad, ref_x.grad.narrow(1, off, sizes[rank]), **TOL)
+    return plain_ids_error
+
+
+def test_sharded_plus_with_point_ids_equals_serial():
+    for msg in run_distributed(_sharded_plus_keyed_by_point_ids, 3, SIZES[3]):
+        assert msg == "point_ids must be a ShardTensor sharded like x's points when x is a ShardTensor"
+
+
 def _sharded_dropout(sizes):
     """Attention-dropout masks agree across ranks, so sharded training equals serial with dropout."""
     mesh = ms.init_mesh()
