@@ -6,7 +6,7 @@ TORCH   := torch==2.13.0
 PIP     := $(BIN)/python -m pip
 export VTK_DEFAULT_OPENGL_WINDOW ?= vtkEGLRenderWindow
 
-.PHONY: all setup setup-dev demo test test-fast lint bench clean
+.PHONY: all setup setup-dev demo test test-fast lint bench gpu-check clean
 
 all: test
 
@@ -41,6 +41,13 @@ lint: $(VENV)/.stamp-dev
 
 bench: $(VENV)/.stamp-dev
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+# The CUDA path in one command (README: "Checking the GPU path"). No .venv bootstrap: a lent GPU machine has
+# no network, so this runs with whatever python is there and the project on PYTHONPATH. Dry mode on the CPU:
+# make gpu-check GPU_CHECK_ARGS=--dry (automatic without CUDA; `make test` runs it too).
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m meshshard.testing.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-# importing ops registers the sharding rules of ShardTensor
 from . import nn, ops
 from .comm import CommCounter
 from .errors import CollectiveError, ShardingError, UnsupportedOpError
 from .halo import HaloPlan
 from .mesh import init_mesh
-from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, scatter
+from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, register_rule, scatter
 
 __version__ = "0.1.0"
 
@@ -32,6 +31,7 @@ __all__ = [
     "nn",
     "ops",
     "partition",
+    "register_rule",
     "scatter",
     "__version__",
 ]

@@ -15,7 +15,9 @@ partial, so :func:`meshshard.nn.sync_gradients` is one uniform sum. Consequences
 * ``all_reduce`` (sharded partial sums -> replicated): backward turns the partial gradient of the
   replicated result into the true gradient of every rank's input with another sum all-reduce.
 * A replicated *loss* must be seeded with ``1 / P`` on each rank so the seeds sum to one;
-  reductions return a :class:`~meshshard.tensor.ReplicatedTensor` whose ``backward()`` does that.
+  reductions return a :class:`~meshshard.tensor.ReplicatedTensor`, and every way into autograd
+  (``backward()``, ``backward(g)``, ``torch.autograd.backward``, ``torch.autograd.grad``) seeds it so;
+  ``torch.autograd.grad`` also sums the (partial) gradients of non-sharded inputs over the group.
 """
 
 from __future__ import annotations
@@ -168,17 +170,24 @@ def _all_to_all_raw(
     recv_sizes: Sequence[int],
     group: dist.ProcessGroup | None,
 ) -> torch.Tensor:
-    """``all_to_all_single`` along dim 0 with uneven split sizes (gloo and NCCL both accept it)."""
+    """``all_to_all_single`` along dim 0 with uneven split sizes (gloo and NCCL both accept it).
+
+    Rows travel as raw bytes (a free view), so every dtype moves, including those gloo does not
+    reduce (bool, int16, complex).
+    """
     tensor = tensor.contiguous()
     out = tensor.new_empty((int(sum(recv_sizes)), *tensor.shape[1:]))
     row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])
     _record("all_to_all", row_bytes * int(sum(send_sizes)))
-    if tensor.dtype == torch.bool:  # gloo does not move bools
-        out_u8 = out.to(torch.uint8)
-        recv, send = list(map(int, recv_sizes)), list(map(int, send_sizes))
-        _call("all_to_all", group, dist.all_to_all_single, out_u8, tensor.to(torch.uint8), recv, send)
-        return out_u8.to(torch.bool)
     recv, send = list(map(int, recv_sizes)), list(map(int, send_sizes))
+    if tensor.dtype not in (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8):
+        width = math.prod(tensor.shape[1:])
+        if width == 0:  # rows of no bytes (the same trailing shape on every rank): nothing to move
+            return out
+        send_bytes = tensor.reshape(tensor.shape[0], width).view(torch.uint8)
+        out_bytes = out.reshape(out.shape[0], width).view(torch.uint8)
+        _call("all_to_all", group, dist.all_to_all_single, out_bytes, send_bytes, recv, send)
+        return out
     _call("all_to_all", group, dist.all_to_all_single, out, tensor, recv, send)
     return out
 

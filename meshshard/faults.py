@@ -183,8 +183,8 @@ def _context() -> str:
         elif (
             caller is None
             and "meshshard/" in where
-            and not where.endswith(("meshshard/comm.py", "meshshard/faults.py", "meshshard/tensor.py"))
-            and "/_rules_" not in where
+            and not where.endswith(("meshshard/comm.py", "meshshard/faults.py"))
+            and "meshshard/tensor/" not in where
             and "meshshard/testing/" not in where
         ):
             caller = getattr(code, "co_qualname", code.co_name)

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._dispatch import wrap
 from ..ops.physics_attention import slice_tokens
 from ..tensor import ShardTensor
+from ..tensor._rules._common import wrap
 from ._gumbel import gumbel_noise
 
 __all__ = ["PhysicsAttention"]

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from .._dispatch import wrap
 from ..ops.physics_attention import finish_slice_tokens, slice_sums
 from ..tensor import ShardTensor
+from ..tensor._rules._common import wrap
 from .physics_attention import (
     PhysicsAttention,
     _check_dtype_and_device,

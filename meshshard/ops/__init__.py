@@ -1,12 +1,7 @@
-"""Sharded operations and the sharding rules of ``ShardTensor``.
-
-Importing this package registers every rule (local, shape, reduction/contraction); the
-point-cloud ops that need other ranks' data (ball query, kNN) live here too.
-"""
+"""Sharded operations built on the tensor core: ball query, kNN, slice tokens."""
 
 from __future__ import annotations
 
-from . import _rules_local, _rules_reduce, _rules_shape  # noqa: F401  (registration side effects)
 from .neighbors import Neighbors, ball_query, knn
 from .physics_attention import finish_slice_tokens, slice_sums, slice_tokens
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 
 from .. import comm
-from .._dispatch import replicated
 from ..errors import ShardingError
 from ..tensor import ShardSpec, ShardTensor
+from ..tensor._rules._common import replicated
 
 __all__ = ["slice_tokens", "slice_sums", "finish_slice_tokens"]
 

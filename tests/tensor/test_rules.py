@@ -150,8 +150,8 @@ def _error(kind):
         return x.sum(1).item()
     if kind == "linear_on_shard_dim":
         return F.linear(x.transpose(0, 1), torch.ones(2, 2))
-    if kind == "merge_reshape":
-        return x.reshape(-1)
+    if kind == "merge_reshape":  # merging the sharded dim with the dim before it crosses ranks
+        return x.t().reshape(-1)
 
 
 @pytest.mark.parametrize(
@@ -159,11 +159,11 @@ def _error(kind):
     [
         ("mismatch", r"ShardingError: \[rank 0\] torch.Tensor.add: operands are sharded differently"),
         ("unsupported", r"no sharding rule for torch.fft.fft.*to_local\(\)"),
-        ("plain_along_shard", "would broadcast along the sharded dimension"),
-        ("cat_shard_dim", "would remove, merge or slice the sharded dimension"),
+        ("plain_along_shard", r"a plain tensor of shape \(5, 1\) spans the sharded dimension \(global length 5\)"),
+        ("cat_shard_dim", "concatenating along the sharded dim would interleave rows of different ranks"),
         ("item", "is ambiguous"),
         ("linear_on_shard_dim", "contracts the last dimension, which is the sharded one"),
-        ("merge_reshape", "splits or merges the sharded dimension"),
+        ("merge_reshape", r"would merge the sharded dim with the dims before it"),
     ],
 )
 def test_unsupported_and_mismatched_ops_raise(kind, match):

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 import meshshard as ms
 from meshshard import comm
-from meshshard.tensor import ShardSpec, _wrap
+from meshshard.tensor import ShardSpec
+from meshshard.tensor._tensor import _wrap
 from meshshard.testing import run_distributed
 
 

@@ -2,7 +2,10 @@
 
 Everything here runs on the local shard with no communication. Operands must agree:
 ShardTensors with the same sharding (same mesh axis and sizes, shard dims aligned from the right
-under broadcasting); plain tensors may broadcast over the non-sharded dims only.
+under broadcasting); plain tensors broadcast over the non-sharded dims, and along the sharded dim
+only with size 1 or as an expanded (stride-0) row.
+
+**Communication:** none.
 """
 
 from __future__ import annotations
@@ -10,20 +13,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._dispatch import arg, common_spec, ndim, no_subclass, op_name, register, shard_args, wrap
-from ..errors import ShardingError, UnsupportedOpError
-from ..tensor import ShardTensor, _wrap
+from ...errors import ShardingError, UnsupportedOpError
+from .._dispatch import bind, no_subclass, op_name
+from .._dispatch import register_rule as register
+from .._tensor import ShardTensor, _wrap
+from ._common import common_spec, ndim, plain_along_shard, refuse, shard_args, wrap
 
 T = torch.Tensor
 
 # -- metadata: answered by the local shard --------------------------------------------------------
+# Shape queries (shape, size, dim, numel, len) are answered globally in ShardTensor.__torch_function__;
+# these describe the local storage or are the same on every rank.
 _PASSTHROUGH_ATTRS = """
-shape dtype device ndim requires_grad is_leaf grad_fn layout is_cuda is_sparse is_quantized is_meta is_nested
+dtype device requires_grad is_leaf grad_fn layout is_cuda is_sparse is_quantized is_meta is_nested
 retains_grad _version output_nr names _backward_hooks
 """.split()
 _PASSTHROUGH_METHODS = """
-dim ndimension size numel nelement element_size is_contiguous is_floating_point is_complex get_device data_ptr
-stride storage_offset untyped_storage __len__ __hash__ __format__ __dir__ register_hook retain_grad
+element_size is_contiguous is_floating_point is_complex get_device data_ptr
+stride storage_offset untyped_storage __hash__ __dir__ register_hook retain_grad
 is_signed __setstate__ _is_view is_pinned has_names is_inference
 """.split()
 
@@ -36,7 +43,7 @@ def _collect_passthrough() -> list:
             if hasattr(attr, acc):
                 out.append(getattr(attr, acc))
     out += [getattr(T, n) for n in _PASSTHROUGH_METHODS if hasattr(T, n)]
-    out += [T.grad.__set__, torch.is_tensor, torch.is_floating_point, torch.is_complex, torch.numel]
+    out += [T.grad.__set__, torch.is_tensor, torch.is_floating_point, torch.is_complex]
     return out
 
 
@@ -47,13 +54,6 @@ _PASSTHROUGH = _collect_passthrough()
 def _passthrough(func, args, kwargs):
     with no_subclass():
         return func(*args, **kwargs)
-
-
-@register(T.backward)
-def _backward(func, args, kwargs):
-    """``x.backward(...)`` on a shard: a local backward, with subclass dispatch still on (see ReplicatedTensor)."""
-    x, *rest = args
-    torch.autograd.backward(x.to_local(), *rest, **kwargs)
 
 
 @register(T.as_subclass)
@@ -85,7 +85,8 @@ def _repr(func, args, kwargs):
     return ShardTensor.__repr__(args[0])
 
 
-@register(T.item, T.tolist, T.numpy, T.__bool__, T.__int__, T.__float__, T.__index__, T.__array__, T.__deepcopy__)
+@register(T.item, T.tolist, T.numpy, T.__bool__, T.__int__, T.__float__, T.__index__, T.__array__, T.__deepcopy__,
+          T.__format__, T.__iter__, T.__reversed__)
 def _no_global_value(func, args, kwargs):
     raise UnsupportedOpError(
         f"{op_name(func)} on a ShardTensor is ambiguous (each rank holds a different shard): call it on "
@@ -132,35 +133,40 @@ def _collect_pointwise() -> list:
     return [f for f in out if f is not None]
 
 
-def _check_plain_broadcast(func, plain: torch.Tensor, back: int, rank: int) -> None:
-    """A plain tensor must not have a dimension aligned with the sharded one (except size 1)."""
-    if plain.dim() >= back and plain.shape[-back] != 1:
-        raise ShardingError(
-            f"[rank {rank}] {op_name(func)}: a plain tensor of shape {tuple(plain.shape)} would broadcast along "
-            "the sharded dimension. Make it a ShardTensor with the same sharding, or give it size 1 there."
-        )
-
-
 def _pointwise(func, args, kwargs):
+    if kwargs.get("out") is not None:
+        raise refuse(func, "out= is not supported", "write the result to a new tensor")
+    if func is torch.where and len(args) + len(kwargs) == 1:
+        from ._index import nonzero_tuple
+
+        return nonzero_tuple(func, args[0])
     spec = back = None
-    plain = []
+    shards = []
     for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, ShardTensor):
+            shards.append(a)
             s = a._spec
             b = len(s.global_shape) - s.dim
             if spec is None:
                 spec, back = s, b
-            elif s is not spec:
-                common_spec([a for a in (*args, *kwargs.values()) if isinstance(a, ShardTensor)], func)
-            if b != back:
+            elif b != back:
                 raise ShardingError(
                     f"[rank {spec.rank}] {op_name(func)}: the sharded dimensions of the operands do not line up "
                     f"under broadcasting (positions from the end: {back} and {b})"
                 )
-        elif isinstance(a, torch.Tensor) and a.dim() > 0:
-            plain.append(a)
-    for a in plain:
-        _check_plain_broadcast(func, a, back, spec.rank)
+    if len(shards) > 1:
+        common_spec(shards, func)
+    if not isinstance(args[0], ShardTensor) and func.__name__.endswith("_") and func.__name__ != "__iand__":
+        raise refuse(func, "an in-place op on a plain tensor with a ShardTensor operand would store local rows")
+
+    def fix(a):
+        if isinstance(a, ShardTensor) or not isinstance(a, torch.Tensor) or a.dim() == 0:
+            return a
+        return plain_along_shard(func, a, spec, back)
+
+    args = tuple(fix(a) for a in args)
+    if kwargs:
+        kwargs = {k: fix(v) for k, v in kwargs.items()}
     with no_subclass():
         out = func(*args, **kwargs)
     return wrap(out, spec, -back)
@@ -180,13 +186,29 @@ _SAME_SHAPE = [
 
 @register(*_SAME_SHAPE)
 def _same_shape(func, args, kwargs):
-    shards = shard_args(args, kwargs)
-    spec = common_spec(shards, func)
+    if not isinstance(args[0], ShardTensor):
+        # W.to(x), W.type_as(x), torch.zeros_like(W, ...): x only lends its dtype and device
+        if func is T.copy_:
+            raise refuse(func, "copying a ShardTensor into a plain tensor would store local rows",
+                         "use x.full_tensor() or x.to_local()")
+        args = tuple(a.to_local() if isinstance(a, ShardTensor) else a for a in args)
+        kwargs = {k: v.to_local() if isinstance(v, ShardTensor) else v for k, v in kwargs.items()}
+        with no_subclass():
+            return func(*args, **kwargs)
+    if func is T.copy_:
+        return _pointwise(func, args, kwargs)
+    x = args[0]
+    others = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, ShardTensor)]
+    if others and func in (T.to, T.type_as):  # x.to(y) / x.type_as(y): y only lends dtype and device
+        args = tuple(a.to_local() if isinstance(a, ShardTensor) and a is not x else a for a in args)
+        kwargs = {k: v.to_local() if isinstance(v, ShardTensor) else v for k, v in kwargs.items()}
+    elif others:
+        common_spec([x, *others], func)
     with no_subclass():
         out = func(*args, **kwargs)
     if not isinstance(out, torch.Tensor):
         return out
-    return wrap(out, spec, shards[0]._spec.dim)
+    return wrap(out, x._spec, x._spec.dim)
 
 
 @register(T.new_zeros, T.new_ones, T.new_empty, T.new_full, T.new_tensor)
@@ -199,9 +221,8 @@ def _new_plain(func, args, kwargs):
 # -- per-point linear algebra and normalisation --------------------------------------------------
 @register(F.linear)
 def _linear(func, args, kwargs):
-    x = arg(args, kwargs, 0, "input")
-    w = arg(args, kwargs, 1, "weight")
-    b = arg(args, kwargs, 2, "bias")
+    a = bind(func, args, kwargs, ("input", "weight", "bias"))
+    x, w, b = a["input"], a["weight"], a["bias"]
     if not isinstance(x, ShardTensor) or isinstance(w, ShardTensor) or isinstance(b, ShardTensor):
         raise UnsupportedOpError("linear: only a sharded input with replicated weight and bias is supported")
     if x._spec.dim == ndim(x) - 1:
@@ -215,8 +236,10 @@ def _linear(func, args, kwargs):
 
 @register(F.layer_norm, F.rms_norm if hasattr(F, "rms_norm") else None)
 def _layer_norm(func, args, kwargs):
-    x = arg(args, kwargs, 0, "input")
-    shape = arg(args, kwargs, 1, "normalized_shape")
+    a = bind(func, args, kwargs, ("input", "normalized_shape", "weight", "bias", "eps"))
+    x, shape = a["input"], a["normalized_shape"]
+    if any(isinstance(t, ShardTensor) for t in (a["weight"], a["bias"])):
+        raise refuse(func, "weight and bias must be plain (replicated) tensors")
     n = 1 if isinstance(shape, int) else len(shape)
     if not isinstance(x, ShardTensor) or x._spec.dim >= ndim(x) - n:
         raise UnsupportedOpError(
@@ -229,7 +252,10 @@ def _layer_norm(func, args, kwargs):
 
 @register(F.group_norm)
 def _group_norm(func, args, kwargs):
-    x = arg(args, kwargs, 0, "input")
+    a = bind(func, args, kwargs, ("input", "num_groups", "weight", "bias", "eps"))
+    x = a["input"]
+    if any(isinstance(t, ShardTensor) for t in (a["weight"], a["bias"])):
+        raise refuse(func, "weight and bias must be plain (replicated) tensors")
     if not isinstance(x, ShardTensor) or x._spec.dim != 0:
         raise UnsupportedOpError(
             "group_norm normalises over every dim but the first; it is local only when the points are dim 0 "
@@ -240,30 +266,40 @@ def _group_norm(func, args, kwargs):
     return wrap(out, x._spec, 0)
 
 
-# op -> (position, keyword, default) of its ``dim`` argument
-_DIM_ARG = {
-    torch.cumsum: (1, "dim", None), T.cumsum: (1, "dim", None), torch.cumprod: (1, "dim", None),
-    T.cumprod: (1, "dim", None), torch.cummax: (1, "dim", None), T.cummax: (1, "dim", None),
-    torch.cummin: (1, "dim", None), T.cummin: (1, "dim", None), torch.sort: (1, "dim", -1), T.sort: (1, "dim", -1),
-    torch.argsort: (1, "dim", -1), T.argsort: (1, "dim", -1), torch.topk: (2, "dim", -1), T.topk: (2, "dim", -1),
-    F.normalize: (2, "dim", 1),
+# op -> (parameter names, defaults): ops along one ``dim`` that are local when it is not the sharded one
+_DIM_OPS = {
+    (torch.cumsum, T.cumsum, torch.cumprod, T.cumprod): (("input", "dim"), {}, ("dtype",)),
+    (torch.cummax, T.cummax, torch.cummin, T.cummin, torch.logcumsumexp, T.logcumsumexp): (("input", "dim"), {}, ()),
+    (torch.sort, T.sort): (("input", "dim", "descending"), {"dim": -1}, ("stable",)),
+    (torch.argsort, T.argsort): (("input", "dim", "descending"), {"dim": -1}, ("stable",)),
+    (torch.topk, T.topk): (("input", "k", "dim", "largest", "sorted"), {"dim": -1}, ()),
+    (torch.kthvalue, T.kthvalue): (("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False}, ()),
+    (F.normalize,): (("input", "p", "dim", "eps"), {"dim": 1}, ()),
 }
+_DIM_SIGNATURE = {f: sig for funcs, sig in _DIM_OPS.items() for f in funcs}
 
 
 def _dim_local(func, args, kwargs):
     """Ops along one non-sharded ``dim`` (cumsum, sort, topk, normalize, ...): local."""
-    x = args[0]
+    names, defaults, kwonly = _DIM_SIGNATURE[func]
+    a = bind(func, args, kwargs, names, defaults, kwonly=kwonly)
+    x = a["input"]
     if not isinstance(x, ShardTensor) or len(shard_args(args, kwargs)) != 1:
-        raise UnsupportedOpError(f"{op_name(func)}: only the first operand may be a ShardTensor")
-    d = arg(args, kwargs, *_DIM_ARG[func])
-    if d is None or int(d) % ndim(x) == x._spec.dim:
-        raise UnsupportedOpError(
-            f"{op_name(func)} along the sharded dimension {x._spec.dim} has no sharding rule; "
-            "use it along another dim, or on x.full_tensor()"
-        )
+        raise refuse(func, "only the first operand may be a ShardTensor")
+    d = a["dim"]
+    nd = ndim(x)
+    if d is None or isinstance(d, bool) or not -max(nd, 1) <= int(d) < max(nd, 1):
+        raise IndexError(f"{op_name(func)}: dim {d!r} is out of range for a {nd}-d tensor")
+    keepdim = a.get("keepdim")
+    if int(d) % nd == x._spec.dim:
+        raise refuse(func, f"along the sharded dimension {x._spec.dim} it needs every rank's rows",
+                     "use it along another dim, or on x.full_tensor()")
     with no_subclass():
         out = func(*args, **kwargs)
-    return wrap(out, x._spec, x._spec.dim)
+    sd = x._spec.dim
+    if keepdim is False and int(d) % nd < sd:  # kthvalue drops its dim
+        sd -= 1
+    return wrap(out, x._spec, sd)
 
 
-register(*_DIM_ARG)(_dim_local)
+register(*_DIM_SIGNATURE)(_dim_local)

@@ -35,7 +35,7 @@ def _round_trips(sizes):
     new_sizes = list(reversed(sizes))
     resharded = x.reshard(new_sizes)
     return {
-        "local_shape": tuple(x.shape),
+        "local_shape": tuple(x.local_shape),
         "global_shape": tuple(x.global_shape),
         "sizes": x.sharding_sizes,
         "inferred_sizes": inferred.sharding_sizes,

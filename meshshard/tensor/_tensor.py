@@ -2,174 +2,66 @@
 
 Design
 ------
-A :class:`ShardTensor` **is** its local shard: a ``torch.Tensor`` subclass (made with
-``as_subclass``, no copy) whose storage, shape and autograd node are the local shard's, plus a
-frozen :class:`ShardSpec` (device mesh and mesh axis, shard dimension, every rank's local length —
-the *sharding sizes* — and the global shape). Ops are intercepted with ``__torch_function__``
-and routed through a registry of sharding rules (``meshshard.ops``): local ops run on the shard,
-reductions over the sharded dimension become all-reduces, anything without a rule raises
-:class:`~meshshard.errors.UnsupportedOpError`.
+A :class:`ShardTensor` holds its local shard: a ``torch.Tensor`` subclass (made with
+``as_subclass``, no copy) whose storage and autograd node are the local shard's, plus a frozen
+:class:`ShardSpec` (device mesh and mesh axis, shard dimension, every rank's local length — the
+*sharding sizes* — and the global shape). Ops are intercepted with ``__torch_function__`` and routed
+through the registry of sharding rules (:mod:`meshshard.tensor._rules`): local ops run on the shard,
+reductions over the sharded dimension become all-reduces, ops that need other ranks' rows move them
+with one ``all_to_all``, anything without a rule raises :class:`~meshshard.errors.UnsupportedOpError`.
+
+**Shapes are global**, as in DTensor: ``x.shape``, ``x.size()``, ``len(x)``, ``x.numel()`` and
+``x.dim()`` describe the whole tensor on every rank; ``x.local_shape`` and ``x.to_local()`` give this
+rank's shard. A rule can take the same decision on every rank only if everything it looks at is the
+same on every rank, so an empty or one-point rank never decides differently, and shape arithmetic
+such as ``loss.sum() / y.shape[0]`` is right. ``view``/``reshape`` map global target shapes onto
+the local shard, so ``B, N, C = x.shape; x.view(B, N, H, D)`` works unchanged.
+
+Gradients (see :mod:`meshshard.comm`): a sharded tensor's gradient is exact on the rank that owns
+each row; a replicated value's (a reduction's result, a parameter) is *partial* on each rank. Every
+way into autograd accounts for it — ``loss.backward()``, ``loss.backward(g)``,
+``torch.autograd.backward`` and ``torch.autograd.grad`` seed a replicated output with ``g / P``;
+``torch.autograd.grad`` sums the gradients of non-sharded inputs over the group, so it returns the
+single-process gradients; parameters' ``.grad`` are summed by :func:`meshshard.nn.sync_gradients`.
 
 Why not subclass ``DTensor``: with uneven shards PyTorch 2.13's ``DTensor`` returned silently
 wrong ``full_tensor()``/``mean()`` here and raised in backward, and its sharding propagation runs at
 the ATen level after ``linear``/``layer_norm``/``softmax`` have been decomposed, where the point
 dimension of a point cloud is no longer visible. Working at the ``torch`` function level keeps
 rules short, lets autograd run on the real local tensors (exact gradients, no wrapper graph), and
-costs a dictionary lookup per op. DTensors still interoperate: meshes are ``DeviceMesh`` objects,
-and replicated ``DTensor`` weights are used through their local value.
-
-Shapes are local: ``x.shape`` is the local shard's shape, so model code that reshapes per point
-(``x.view(B, N, H, D)`` with ``N = x.shape[1]``) runs unchanged; ``x.global_shape`` is the whole
-tensor's. Use ``x.mean(dim)`` rather than ``x.sum(dim) / x.shape[dim]``.
+costs a dictionary lookup per op. Replicated ``DTensor`` weights take part through their local value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
-from . import comm, faults
-from .errors import ShardingError
+from .. import comm, faults
+from ..errors import ShardingError, UnsupportedOpError
+from ._dispatch import bind, dispatch, op_name
+from ._spec import ShardSpec, _cached, as_sizes, norm_mesh_dim, offsets_of
 
-__all__ = ["ShardSpec", "ShardTensor", "ReplicatedTensor", "scatter", "validate_enabled"]
+__all__ = ["ShardTensor", "ReplicatedTensor", "scatter", "validate_enabled"]
 
 
 validate_enabled = comm.validate_enabled  # the one switch, shared with the collectives
 
 
-@dataclass(frozen=True)
-class ShardSpec:
-    """Where a sharded tensor lives: metadata only, no data.
-
-    Attributes
-    ----------
-    mesh, mesh_dim:
-        The device mesh and the axis whose ranks hold the shards (the domain axis).
-    dim:
-        The sharded tensor dimension (non-negative).
-    sizes:
-        Every rank's local length along ``dim``, ordered by rank along ``mesh_dim``.
-    global_shape:
-        Shape of the whole tensor: the local shape with ``dim`` replaced by ``sum(sizes)``.
-    """
-
-    mesh: DeviceMesh = field(compare=False)
-    mesh_dim: int
-    dim: int
-    sizes: tuple[int, ...]
-    global_shape: torch.Size
-    mesh_id: int = field(default=0, repr=False)
-    _moved: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
-
-    @property
-    def group(self) -> dist.ProcessGroup:
-        return _group_of(self.mesh, self.mesh_dim)
-
-    @property
-    def rank(self) -> int:
-        """This process's rank along the mesh axis (the index of its shard)."""
-        return _local_rank_of(self.mesh, self.mesh_dim)
-
-    @property
-    def num_ranks(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def offsets(self) -> tuple[int, ...]:
-        out = [0]
-        for s in self.sizes:
-            out.append(out[-1] + s)
-        return tuple(out)
-
-    @property
-    def num_global(self) -> int:
-        return self.global_shape[self.dim]
-
-    def same_sharding(self, other: ShardSpec) -> bool:
-        return self.mesh_id == other.mesh_id and self.mesh_dim == other.mesh_dim and self.sizes == other.sizes
-
-    def moved(self, dim: int, local_shape: Sequence[int]) -> ShardSpec:
-        """The spec of a local result of shape ``local_shape`` sharded along ``dim`` (memoised: on every op)."""
-        key = (dim, tuple(local_shape))
-        hit = self._moved.get(key)
-        if hit is None:
-            shape = list(local_shape)
-            shape[dim] = self.num_global
-            if dim == self.dim and torch.Size(shape) == self.global_shape:
-                hit = self
-            else:
-                hit = ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id)
-            if len(self._moved) < 64:
-                self._moved[key] = hit
-        return hit
-
-
-def _cached(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
-    """(process group, local rank) of a mesh axis, cached on the mesh: looked up on every op."""
-    cache = mesh.__dict__.setdefault("_meshshard_axis_cache", {})
-    hit = cache.get(mesh_dim)
-    if hit is None:
-        hit = cache[mesh_dim] = (mesh.get_group(mesh_dim), mesh.get_local_rank(mesh_dim))
-    return hit
-
-
-def _group_of(mesh: DeviceMesh, mesh_dim: int) -> dist.ProcessGroup:
-    return _cached(mesh, mesh_dim)[0]
-
-
-def _local_rank_of(mesh: DeviceMesh, mesh_dim: int) -> int:
-    return _cached(mesh, mesh_dim)[1]
-
-
-def _as_sizes(value: Any, name: str, check_sign: bool = True) -> tuple[int, ...]:
-    """``value`` (a sequence or 1-D tensor of non-negative ints) as a tuple, else an error naming ``name``."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints (got {value.dtype} "
-                            f"of shape {tuple(value.shape)})")
-        value = value.tolist()
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__array__"):
-        raise TypeError(f"{name} must be a sequence of ints (got {type(value).__name__})")
-    out = []
-    for v in list(value):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__index__"):
-            raise TypeError(f"{name} must hold ints (got {type(v).__name__} in {list(value)!r})")
-        if isinstance(v, float) and not v.is_integer():
-            raise TypeError(f"{name} must hold ints (got {v!r})")
-        out.append(int(v))
-    if check_sign and any(v < 0 for v in out):
-        raise ValueError(f"{name} must be non-negative (got {tuple(out)})")
-    return tuple(out)
-
-
-def _norm_mesh_dim(mesh: DeviceMesh, mesh_dim: int | str | None) -> int:
-    if not isinstance(mesh, DeviceMesh):
-        raise TypeError(f"Expected 'mesh' to be a DeviceMesh (got {type(mesh).__name__})")
-    if mesh_dim is None:
-        return mesh.ndim - 1
-    if isinstance(mesh_dim, str):
-        names = mesh.mesh_dim_names or ()
-        if mesh_dim not in names:
-            raise ValueError(f"mesh_dim {mesh_dim!r} is not a dimension name of the mesh (names: {names})")
-        return names.index(mesh_dim)
-    if not -mesh.ndim <= mesh_dim < mesh.ndim:
-        raise ValueError(f"mesh_dim must be in [-{mesh.ndim}, {mesh.ndim}) (got {mesh_dim})")
-    return mesh_dim % mesh.ndim
-
-
 class ShardTensor(torch.Tensor):
     """A tensor sharded (unevenly) along one dimension over one axis of a device mesh.
 
-    Build one with :meth:`from_local` or :func:`scatter`; it behaves like its local shard for
-    local ops and like the global tensor for reductions over the sharded dimension.
+    Build one with :meth:`from_local` or :func:`scatter`. It behaves like the global tensor: ``x.shape``,
+    ``len(x)`` and ``x.numel()`` are global, indices are global, reductions over the sharded dimension
+    are all-reduced; the data of this rank is ``x.to_local()``.
 
-    **Shapes:** local ``(..., N_local, ...)`` with ``N_local = sharding_sizes[rank]``; global
-    ``(..., N_global, ...)``, ``N_global = sum(sharding_sizes)``.
+    **Shapes:** global ``(..., N_global, ...)`` with ``N_global = sum(sharding_sizes)`` (``x.shape``);
+    local ``(..., N_local, ...)`` with ``N_local = sharding_sizes[rank]`` (``x.local_shape``).
     """
 
     _spec: ShardSpec
@@ -218,14 +110,14 @@ class ShardTensor(torch.Tensor):
                 f"dim must be in [-{local.dim()}, {local.dim()}) for a {local.dim()}-d local tensor (got {dim})"
             )
         dim %= local.dim()
-        mdim = _norm_mesh_dim(mesh, mesh_dim)
+        mdim = norm_mesh_dim(mesh, mesh_dim)
         group, rank = _cached(mesh, mdim)
         world = mesh.size(mdim)
         n_local = local.shape[dim]
         if sizes is None:
             sizes_t = comm.all_gather_object_sizes(n_local, group, device=local.device)
         else:
-            sizes_t = _as_sizes(sizes, "sizes")
+            sizes_t = as_sizes(sizes, "sizes")
             if len(sizes_t) != world:
                 raise ValueError(
                     f"sizes must have one entry per rank of mesh axis {mdim} ({world}) (got {len(sizes_t)}: {sizes_t})"
@@ -285,7 +177,7 @@ class ShardTensor(torch.Tensor):
         """
         spec = self._spec
         full = comm.gather_uneven(self.to_local(), spec.sizes, spec.dim, spec.group)
-        return ReplicatedTensor._make(full, spec.num_ranks)
+        return ReplicatedTensor._make(full, spec.group, spec.num_ranks)
 
     def reshard(self, new_sizes: Sequence[int] | torch.Tensor) -> ShardTensor:
         """Move rows so that rank r holds ``new_sizes[r]`` of them, global order kept.
@@ -294,15 +186,12 @@ class ShardTensor(torch.Tensor):
         owner (its own block is copied locally by the collective).
         """
         spec = self._spec
-        new_sizes = _as_sizes(new_sizes, "new_sizes", check_sign=False)
+        new_sizes = as_sizes(new_sizes, "new_sizes", check_sign=False)
         if len(new_sizes) != spec.num_ranks or any(s < 0 for s in new_sizes):
             raise ValueError(f"new_sizes must be {spec.num_ranks} non-negative ints (got {new_sizes})")
         if sum(new_sizes) != spec.num_global:
             raise ValueError(f"new_sizes must sum to N_global = {spec.num_global} (got {sum(new_sizes)})")
-        old_off = spec.offsets
-        new_off = [0]
-        for s in new_sizes:
-            new_off.append(new_off[-1] + s)
+        old_off, new_off = spec.offsets, offsets_of(new_sizes)
         r = spec.rank
 
         def overlap(a0: int, a1: int, b0: int, b1: int) -> int:
@@ -346,20 +235,81 @@ class ShardTensor(torch.Tensor):
         _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, self.device, tuple(spec.global_shape), n_local)
         return self
 
+    @property
+    def local_shape(self) -> torch.Size:
+        """This rank's shard's shape (``x.shape`` is the global shape)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.shape
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        meta = _GLOBAL_META.get(func)
+        if meta is not None:  # shape queries: answered from the spec, identical on every rank
+            return meta(*args, **(kwargs or {}))
         try:
-            return _dispatch(func, types, args, kwargs or {})
+            if func in _AUTOGRAD_ENTRY:
+                return autograd_entry(func, args, kwargs or {})
+            if _has_dtensor(args, kwargs):
+                args, kwargs = _dtensors_to_local(func, args, kwargs or {})
+            return dispatch(func, args, kwargs or {})
         except Exception as exc:  # name this rank as the culprit for peers blocked in a collective
-            faults.report_failure(exc, faults._op_name(func))
+            faults.report_failure(exc, op_name(func))
             raise
 
 
-def _dispatch(func, types, args, kwargs):
-    """Bound to ``meshshard._dispatch.dispatch`` when that module loads (it imports this one)."""
-    from ._dispatch import dispatch
+def _size(x: ShardTensor, dim: int | None = None):
+    shape = x._spec.global_shape
+    if dim is None:
+        return shape
+    if not -len(shape) <= dim < len(shape):
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-len(shape)}, {len(shape) - 1}], "
+                         f"but got {dim})")
+    return shape[dim]
 
-    return dispatch(func, types, args, kwargs)
+
+def _len(x: ShardTensor) -> int:
+    shape = x._spec.global_shape
+    if not shape:
+        raise TypeError("len() of a 0-d tensor")
+    return shape[0]
+
+
+_T = torch.Tensor
+_GLOBAL_META: dict = {
+    _T.shape.__get__: lambda x: x._spec.global_shape,
+    _T.size: _size,
+    _T.dim: lambda x: len(x._spec.global_shape),
+    _T.ndimension: lambda x: len(x._spec.global_shape),
+    _T.ndim.__get__: lambda x: len(x._spec.global_shape),
+    _T.numel: lambda x: x._spec.global_shape.numel(),
+    _T.nelement: lambda x: x._spec.global_shape.numel(),
+    torch.numel: lambda x: x._spec.global_shape.numel(),
+    _T.__len__: _len,
+}
+_AUTOGRAD_ENTRY = frozenset((_T.backward, torch.autograd.backward, torch.autograd.grad))
+
+
+def _has_dtensor(args, kwargs) -> bool:
+    for a in args:
+        if isinstance(a, DTensor):
+            return True
+    return bool(kwargs) and any(isinstance(a, DTensor) for a in kwargs.values())
+
+
+def _dtensors_to_local(func, args, kwargs):
+    """Replicated DTensor weights take part through their local value (differentiably)."""
+
+    def conv(a):
+        if not isinstance(a, DTensor):
+            return a
+        if not all(p.is_replicate() for p in a.placements):
+            raise UnsupportedOpError(
+                f"{op_name(func)}: a DTensor operand with placements {a.placements} cannot be mixed with a "
+                "ShardTensor; only replicated DTensors (e.g. weights) can"
+            )
+        return a.to_local()
+
+    return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
 
 
 def _wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
@@ -416,39 +366,34 @@ class ReplicatedTensor(torch.Tensor):
     """A plain tensor that holds the same value on every rank of a domain group.
 
     Reductions over a sharded dimension return one. It behaves exactly like a ``torch.Tensor``
-    except for :meth:`backward`, which seeds the gradient with ``1 / P`` on each of the ``P`` ranks:
-    replicated values carry partial gradients that sum to the true one (see :mod:`meshshard.comm`),
-    so ``loss.backward()`` followed by :func:`meshshard.nn.sync_gradients` gives the
-    single-process parameter gradients.
+    except in autograd: its gradient is partial on each rank (see :mod:`meshshard.comm`), so every
+    way of starting a backward pass from it (``backward()``, ``backward(g)``,
+    ``torch.autograd.backward``, ``torch.autograd.grad``) seeds ``g / P`` on each of the ``P`` ranks,
+    and ``torch.autograd.grad`` sums the gradients of non-sharded inputs over the group.
     """
 
+    _group: Any = None
     _group_size: int = 1
 
     @staticmethod
-    def _make(t: torch.Tensor, group_size: int) -> ReplicatedTensor:
+    def _make(t: torch.Tensor, group: Any, group_size: int) -> ReplicatedTensor:
         with torch._C.DisableTorchFunctionSubclass():
             out = t.as_subclass(ReplicatedTensor)
-        out._group_size = group_size
+        out._group, out._group_size = group, group_size
         return out
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _AUTOGRAD_ENTRY:
+            return autograd_entry(func, args, kwargs or {})
         if not all(issubclass(cls, t) for t in types):
             return NotImplemented
         with torch._C.DisableTorchFunctionSubclass():
             ret = func(*args, **(kwargs or {}))
         if func is torch.Tensor.as_subclass:
             return ret
-        return _as_replicated(ret, _first_group_size(args, kwargs))
-
-    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-        if gradient is None:
-            if self.numel() != 1:
-                raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            gradient = torch.full_like(self.to_plain(), 1.0 / self._group_size)
-        # Not under DisableTorchFunctionSubclass: that state would carry into the backward pass,
-        # and a checkpointed block recomputed there would see plain tensors and skip its collectives.
-        torch.autograd.backward(self.to_plain(), gradient, retain_graph, create_graph, inputs=inputs)
+        src = _first_replicated(args, kwargs)
+        return _as_replicated(ret, src._group, src._group_size) if src is not None else ret
 
     def to_plain(self) -> torch.Tensor:
         """A plain-tensor alias (its ``backward()`` seeds 1, not ``1 / P``)."""
@@ -456,25 +401,135 @@ class ReplicatedTensor(torch.Tensor):
             return self.as_subclass(torch.Tensor)
 
 
-def _first_group_size(args, kwargs) -> int:
+def _first_replicated(args, kwargs) -> ReplicatedTensor | None:
     for a in list(args) + list((kwargs or {}).values()):
         if isinstance(a, ReplicatedTensor):
-            return a._group_size
+            return a
         if isinstance(a, (list, tuple)):
             for b in a:
                 if isinstance(b, ReplicatedTensor):
-                    return b._group_size
-    return 1
+                    return b
+    return None
 
 
-def _as_replicated(ret, size: int):
+def _as_replicated(ret, group, size: int):
     if type(ret) is torch.Tensor:
-        return ReplicatedTensor._make(ret, size)
+        return ReplicatedTensor._make(ret, group, size)
     if hasattr(ret, "n_fields"):  # torch.return_types structseqs, e.g. (values, indices)
-        return type(ret)(tuple(_as_replicated(r, size) for r in ret))
+        return type(ret)(tuple(_as_replicated(r, group, size) for r in ret))
     if isinstance(ret, (list, tuple)):
-        return type(ret)(_as_replicated(r, size) for r in ret)
+        return type(ret)(_as_replicated(r, group, size) for r in ret)
     return ret
+
+
+# -- every way into autograd ----------------------------------------------------------------------
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return list(value)
+
+
+def _seed(out: torch.Tensor, grad: torch.Tensor | None, name: str) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+    """(plain output, its seed, its group) for one output of a backward pass."""
+    if isinstance(out, ReplicatedTensor):
+        plain = out.to_plain()
+        if grad is None:
+            if plain.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            grad = torch.ones_like(plain)
+        elif isinstance(grad, ShardTensor):
+            raise TypeError(f"{name}: the gradient of a replicated output must be a plain tensor (got a ShardTensor)")
+        elif isinstance(grad, ReplicatedTensor):
+            grad = grad.to_plain()
+        return plain, grad / out._group_size, out._group if out._group_size > 1 else None
+    if isinstance(out, ShardTensor):
+        spec = out._spec
+        if grad is None:
+            if spec.global_shape.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            grad = torch.ones_like(out.to_local())
+        elif isinstance(grad, ShardTensor):
+            if not spec.same_sharding(grad._spec) or grad._spec.global_shape != spec.global_shape:
+                raise ShardingError(
+                    f"[rank {spec.rank}] {name}: the gradient is sharded as {grad._spec.sizes} with global shape "
+                    f"{tuple(grad._spec.global_shape)}, the output as {spec.sizes} with {tuple(spec.global_shape)}"
+                )
+            grad = grad.to_local()
+        elif isinstance(grad, torch.Tensor):
+            if tuple(grad.shape) != tuple(spec.global_shape):
+                raise ShardingError(
+                    f"[rank {spec.rank}] {name}: a plain gradient for a ShardTensor output must have its global shape "
+                    f"{tuple(spec.global_shape)} (got {tuple(grad.shape)}); or pass a ShardTensor sharded like it"
+                )
+            grad = grad.narrow(spec.dim, spec.offsets[spec.rank], spec.sizes[spec.rank])
+        return out.to_local(), grad, spec.group if spec.num_ranks > 1 else None
+    return out, grad, None
+
+
+def _plain_inputs(inputs):
+    """The inputs as autograd sees them: a ShardTensor's own gradient edge (``to_local()`` would be a new alias,
+    off the recorded graph), plain tensors as they are."""
+    return [torch.autograd.graph.get_gradient_edge(t) if isinstance(t, (ShardTensor, ReplicatedTensor)) else t
+            for t in inputs]
+
+
+def autograd_entry(func, args: tuple, kwargs: dict):
+    """``Tensor.backward``, ``torch.autograd.backward`` and ``torch.autograd.grad`` with sharded operands.
+
+    Seeds replicated outputs with ``g / P`` and, for ``grad``, returns ShardTensor gradients for
+    ShardTensor inputs and the group-summed (single-process) gradient for every other input.
+
+    **Communication:** ``grad`` adds one ``all_reduce`` per non-sharded input (of its size); the
+    backward passes communicate as their ops' rules document.
+    """
+    name = op_name(func)
+    if func is torch.Tensor.backward:
+        a = bind(func, args, kwargs, ("self", "gradient", "retain_graph", "create_graph", "inputs"),
+                 {"create_graph": False})
+        outputs, grads = [a["self"]], [a["gradient"]]
+    elif func is torch.autograd.backward:
+        a = bind(func, args, kwargs, ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables",
+                                      "inputs"), {"create_graph": False})
+        outputs = _as_list(a["tensors"])
+        grads = _as_list(a["grad_tensors"] if a["grad_tensors"] is not None else a["grad_variables"])
+    else:
+        a = bind(func, args, kwargs, ("outputs", "inputs", "grad_outputs", "retain_graph", "create_graph",
+                                      "only_inputs", "allow_unused", "is_grads_batched", "materialize_grads"),
+                 {"create_graph": False, "only_inputs": True, "is_grads_batched": False, "materialize_grads": False})
+        if a["is_grads_batched"]:
+            raise UnsupportedOpError("torch.autograd.grad(is_grads_batched=True) is not supported with ShardTensors")
+        outputs = _as_list(a["outputs"])
+        grads = _as_list(a["grad_outputs"])
+    if grads and len(grads) != len(outputs):
+        raise RuntimeError(f"{name}: got {len(grads)} gradients for {len(outputs)} outputs")
+    grads = grads or [None] * len(outputs)
+    seeded = [_seed(o, g, name) for o, g in zip(outputs, grads)]
+    plain_out = [s[0] for s in seeded]
+    plain_grads = [s[1] for s in seeded]
+    group = next((s[2] for s in seeded if s[2] is not None), None)
+    if func is not torch.autograd.grad:
+        inputs = a["inputs"]
+        inputs = None if inputs is None else _plain_inputs(_as_list(inputs))
+        torch.autograd.backward(plain_out, plain_grads, a["retain_graph"], a["create_graph"], inputs=inputs)
+        return None
+    inputs = _as_list(a["inputs"])
+    result = torch.autograd.grad(
+        plain_out, _plain_inputs(inputs), plain_grads, a["retain_graph"], a["create_graph"],
+        allow_unused=a["allow_unused"], materialize_grads=a["materialize_grads"],
+    )
+    out = []
+    for t, g in zip(inputs, result):
+        if g is None:
+            out.append(None)
+        elif isinstance(t, ShardTensor):
+            out.append(_wrap(g, t._spec))
+        elif group is not None:  # partial on each rank: the true gradient is the sum over the group
+            out.append(comm.all_reduce(g, group))
+        else:
+            out.append(g)
+    return tuple(out)
 
 
 def scatter(
@@ -502,11 +557,11 @@ def scatter(
     if not -global_tensor.dim() <= dim < global_tensor.dim():
         raise ValueError(f"dim must be in [-{global_tensor.dim()}, {global_tensor.dim()}) (got {dim})")
     dim %= global_tensor.dim()
-    mdim = _norm_mesh_dim(mesh, mesh_dim)
-    rank = _local_rank_of(mesh, mdim)
+    mdim = norm_mesh_dim(mesh, mesh_dim)
+    rank = _cached(mesh, mdim)[1]
     n = global_tensor.shape[dim]
     perm = getattr(partition, "perm", None)
-    sizes = _as_sizes(partition.sizes if perm is not None else partition, "partition")
+    sizes = as_sizes(partition.sizes if perm is not None else partition, "partition")
     if len(sizes) != mesh.size(mdim):
         raise ValueError(
             f"the partition has {len(sizes)} parts but mesh axis {mdim} has {mesh.size(mdim)} ranks"

@@ -1,0 +1,155 @@
+"""``ShardSpec``: where a sharded tensor lives (metadata only, no data), and the one source of offsets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["ShardSpec", "offsets_of"]
+
+
+def offsets_of(sizes: Sequence[int]) -> tuple[int, ...]:
+    """``(0, s0, s0+s1, ..., sum(sizes))``: the single source of offsets from uneven sizes."""
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + int(s))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where a sharded tensor lives: metadata only, identical on every rank.
+
+    Attributes
+    ----------
+    mesh, mesh_dim:
+        The device mesh and the axis whose ranks hold the shards (the domain axis).
+    dim:
+        The sharded tensor dimension (non-negative).
+    sizes:
+        Every rank's local length along ``dim``, ordered by rank along ``mesh_dim``.
+    global_shape:
+        Shape of the whole tensor: the local shape with ``dim`` replaced by ``sum(sizes)``.
+    """
+
+    mesh: DeviceMesh = field(compare=False)
+    mesh_dim: int
+    dim: int
+    sizes: tuple[int, ...]
+    global_shape: torch.Size
+    mesh_id: int = field(default=0, repr=False)
+    _moved: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return _cached(self.mesh, self.mesh_dim)[0]
+
+    @property
+    def rank(self) -> int:
+        """This process's rank along the mesh axis (the index of its shard)."""
+        return _cached(self.mesh, self.mesh_dim)[1]
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        hit = self._moved.get("offsets")
+        if hit is None:
+            hit = self._moved["offsets"] = offsets_of(self.sizes)
+        return hit
+
+    @property
+    def num_global(self) -> int:
+        return self.global_shape[self.dim]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.global_shape)
+
+    def local_length(self) -> int:
+        return self.sizes[self.rank]
+
+    def same_sharding(self, other: ShardSpec) -> bool:
+        return self.mesh_id == other.mesh_id and self.mesh_dim == other.mesh_dim and self.sizes == other.sizes
+
+    def moved(self, dim: int, local_shape: Sequence[int]) -> ShardSpec:
+        """The spec of a local result of shape ``local_shape`` sharded along ``dim`` with the same sizes.
+
+        Only the sharded dim's length differs between ranks, so the global shape is the local one
+        with ``dim`` replaced by ``N_global`` (memoised: called on every op).
+        """
+        key = (dim, tuple(local_shape))
+        hit = self._moved.get(key)
+        if hit is None:
+            shape = list(local_shape)
+            shape[dim] = self.num_global
+            if dim == self.dim and torch.Size(shape) == self.global_shape:
+                hit = self
+            else:
+                hit = ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id)
+            if len(self._moved) < 64:
+                self._moved[key] = hit
+        return hit
+
+    def resized(self, dim: int, sizes: Sequence[int], global_shape: Sequence[int]) -> ShardSpec:
+        """A spec on the same mesh axis with new sizes (slices, masks, reshapes that scale the shard)."""
+        return ShardSpec(self.mesh, self.mesh_dim, dim, tuple(int(s) for s in sizes), torch.Size(global_shape),
+                         self.mesh_id)
+
+    def local_shape_of(self, global_shape: Sequence[int], dim: int | None = None) -> list[int]:
+        """This rank's shape of a tensor of ``global_shape`` sharded like this spec along ``dim``."""
+        shape = list(global_shape)
+        shape[self.dim if dim is None else dim] = self.local_length()
+        return shape
+
+
+def _cached(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
+    """(process group, local rank) of a mesh axis, cached on the mesh: looked up on every op."""
+    cache = mesh.__dict__.setdefault("_meshshard_axis_cache", {})
+    hit = cache.get(mesh_dim)
+    if hit is None:
+        hit = cache[mesh_dim] = (mesh.get_group(mesh_dim), mesh.get_local_rank(mesh_dim))
+    return hit
+
+
+def as_sizes(value: Any, name: str, check_sign: bool = True) -> tuple[int, ...]:
+    """``value`` (a sequence or 1-D tensor of non-negative ints) as a tuple, else an error naming ``name``."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints (got {value.dtype} "
+                            f"of shape {tuple(value.shape)})")
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__array__"):
+        raise TypeError(f"{name} must be a sequence of ints (got {type(value).__name__})")
+    out = []
+    for v in list(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__index__"):
+            raise TypeError(f"{name} must hold ints (got {type(v).__name__} in {list(value)!r})")
+        if isinstance(v, float) and not v.is_integer():
+            raise TypeError(f"{name} must hold ints (got {v!r})")
+        out.append(int(v))
+    if check_sign and any(v < 0 for v in out):
+        raise ValueError(f"{name} must be non-negative (got {tuple(out)})")
+    return tuple(out)
+
+
+def norm_mesh_dim(mesh: DeviceMesh, mesh_dim: int | str | None) -> int:
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"Expected 'mesh' to be a DeviceMesh (got {type(mesh).__name__})")
+    if mesh_dim is None:
+        return mesh.ndim - 1
+    if isinstance(mesh_dim, str):
+        names = mesh.mesh_dim_names or ()
+        if mesh_dim not in names:
+            raise ValueError(f"mesh_dim {mesh_dim!r} is not a dimension name of the mesh (names: {names})")
+        return names.index(mesh_dim)
+    if not -mesh.ndim <= mesh_dim < mesh.ndim:
+        raise ValueError(f"mesh_dim must be in [-{mesh.ndim}, {mesh.ndim}) (got {mesh_dim})")
+    return mesh_dim % mesh.ndim
