@@ -91,6 +91,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the model initialisation and of the sample order")
     p.add_argument("--grad-checkpoint", action="store_true", help="recompute blocks in backward (less memory)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--model", choices=("transolver", "transolver++"), default="transolver",
+                   help="Transolver (default) or Transolver++ (adaptive temperature, Gumbel-softmax slices)")
     _add_model_args(p)
 
 
@@ -189,6 +191,7 @@ def _run_train(args: argparse.Namespace) -> int:
         dp=args.dp,
         grad_checkpoint=args.grad_checkpoint,
         resume=args.resume,
+        arch=args.model,
     )
     train(cfg)
     return 0

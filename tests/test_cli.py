@@ -80,6 +80,21 @@ def test_killed_run_resumes_without_lost_or_repeated_steps(store, trajectories, 
     assert [e["loss"] for e in log] == pytest.approx(reference, rel=1e-6)
 
 
+def test_transolver_plus_trains_alike_on_1_and_2_ranks_and_resumes_exactly(store, tmp_path):
+    """Gumbel noise keyed by global point id and step: ranks and a resume draw the serial run's noise."""
+    runs = {}
+    for nproc in (1, 2):
+        res = _train(store, tmp_path / f"pp{nproc}", nproc, "--model", "transolver++")
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs[nproc] = [e["loss"] for e in _log(tmp_path / f"pp{nproc}")]
+    assert len(runs[1]) == STEPS and runs[2] == pytest.approx(runs[1], rel=2e-4)
+    out = tmp_path / "pp_killed"
+    assert _train(store, out, 2, "--model", "transolver++", env={"MESHSHARD_FAIL_AT_STEP": "3"}).returncode != 0
+    resumed = _train(store, out, 2, "--model", "transolver++", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["loss"] for e in _log(out)] == pytest.approx(runs[2], rel=1e-6)
+
+
 def test_evaluate_prints_errors_and_drag(store, trajectories, tmp_path, capsys):
     out_json = tmp_path / "eval.json"
     assert main(["evaluate", str(store), str(trajectories[1] / "checkpoint.pt"), "--json", str(out_json)]) == 0

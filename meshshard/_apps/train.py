@@ -65,8 +65,11 @@ class TrainConfig:
     grad_checkpoint: bool = False
     resume: bool = False
     quiet: bool = False
+    arch: str = "transolver"  # or "transolver++"
 
     def model(self) -> Transolver:
+        if self.arch not in ("transolver", "transolver++"):
+            raise SystemExit(f"meshshard train: model must be 'transolver' or 'transolver++' (got {self.arch!r})")
         torch.manual_seed(self.seed)
         return Transolver(
             in_dim=6,
@@ -77,6 +80,8 @@ class TrainConfig:
             slice_num=self.slice_num,
             mlp_ratio=self.mlp_ratio,
             checkpoint=self.grad_checkpoint,
+            variant="plus" if self.arch == "transolver++" else "plain",
+            seed=self.seed,
         )
 
 
@@ -172,6 +177,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         sched.load_state_dict(ckpt["scheduler"])
         start, log = ckpt["step"], ckpt["log"]
         torch.set_rng_state(ckpt["rng"])
+        model.rng_step = start  # Transolver++'s Gumbel noise continues the run's sequence
     elif cfg.resume and not cfg.quiet and _is_main():
         print(f"no checkpoint in {out}: starting from step 0")
     if _is_main():

@@ -1,6 +1,19 @@
-"""``Transolver``: a point-cloud PDE surrogate built on physics attention; exact chunked inference."""
+"""``Transolver``: a point-cloud PDE surrogate built on physics attention; Transolver++; exact chunked inference.
+
+The default model is the authors' irregular-mesh Transolver (``thuml/Transolver``: ``Model``,
+``Transolver_block``, ``Physics_Attention_Irregular_Mesh``), computation for computation:
+``MLP(in -> 2C -> C) + placeholder``, then ``L`` pre-norm blocks ``x + Attn(LN(x))``,
+``x + MLP(LN(x))`` (``C -> mlp_ratio C -> C``, GELU), then ``LN -> Linear`` (the authors keep this
+head inside their last block as ``ln_3``/``mlp2``; here it is ``ln_out``/``head``, the same
+computation). ``variant="plus"`` is Transolver++ (``thuml/Transolver_plus``), see
+:class:`~meshshard.nn.PhysicsAttention`. :meth:`Transolver.from_reference` and
+:meth:`Transolver.reference_state_dict` convert weights from and to the authors' and PhysicsNeMo's
+naming (``meshshard/nn/_reference.py`` documents the mapping).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -9,9 +22,18 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from ..ops.physics_attention import finish_slice_tokens, slice_sums
 from ..tensor import ShardTensor
 from ..tensor._rules._common import wrap
-from .physics_attention import PhysicsAttention, _check_dtype_and_device, _check_positive_int
+from .physics_attention import (
+    PhysicsAttention,
+    _check_dtype_and_device,
+    _check_positive_int,
+    _check_temperature_range,
+    _check_variant,
+    check_point_ids,
+)
 
 __all__ = ["Transolver", "TransolverBlock", "chunked_forward"]
+
+INITS = ("published", "orthogonal")
 
 
 def _mlp(dim_in: int, dim_hidden: int, dim_out: int) -> nn.Sequential:
@@ -26,12 +48,14 @@ class TransolverBlock(nn.Module):
     dim, heads, slice_num:
         Hidden channels ``C``, heads ``H`` (``C`` must be divisible by ``H``), slices ``M``.
     mlp_ratio:
-        Hidden width of the MLP is ``mlp_ratio * dim``.
+        Hidden width of the MLP is ``round(mlp_ratio * dim)``.
     dropout:
         Dropout of the attention.
+    variant, eps, temperature_range:
+        Of the :class:`PhysicsAttention`.
     checkpoint:
         Recompute the block's activations in backward (``torch.utils.checkpoint``, non-reentrant)
-        instead of keeping them; only while autograd records.
+        instead of keeping them; only while autograd records. (Transolver++ trains this way.)
 
     **Shapes:** ``(B, N, C)`` -> ``(B, N, C)`` (or ``(N, C)``), sharded like the input.
 
@@ -48,8 +72,10 @@ class TransolverBlock(nn.Module):
         mlp_ratio: float = 2,
         dropout: float = 0.0,
         *,
+        variant: str = "plain",
         checkpoint: bool = False,
         eps: float = 1e-5,
+        temperature_range: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
         _check_positive_int(dim, "dim")
@@ -60,37 +86,54 @@ class TransolverBlock(nn.Module):
             raise ValueError(f"mlp_ratio must be positive (got {mlp_ratio})")
         self.checkpoint = bool(checkpoint)
         self.ln_1 = nn.LayerNorm(dim)
-        self.attn = PhysicsAttention(dim, heads, dim // heads, slice_num, dropout, eps=eps)
+        self.attn = PhysicsAttention(
+            dim, heads, dim // heads, slice_num, dropout, variant=variant, eps=eps,
+            temperature_range=temperature_range,
+        )
         self.ln_2 = nn.LayerNorm(dim)
         self.mlp = _mlp(dim, int(round(dim * mlp_ratio)), dim)
 
-    def _forward(self, x: torch.Tensor, dropout_seed: int | None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), dropout_seed)
+    def _forward(self, x: torch.Tensor, seed: int | None, point_ids: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), seed, point_ids)
         return x + self.mlp(self.ln_2(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # drawn outside the checkpoint so that the recomputation uses the same attention mask
-        seed = self.attn.next_dropout_seed()
+    def forward(self, x: torch.Tensor, point_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # drawn outside the checkpoint so that the recomputation draws the same noise and masks
+        seed = self.attn.next_seed()
         if self.checkpoint and torch.is_grad_enabled():
-            return _checkpoint(self._forward, x, seed, use_reentrant=False)
-        return self._forward(x, seed)
+            return _checkpoint(self._forward, x, seed, point_ids, use_reentrant=False)
+        return self._forward(x, seed, point_ids)
 
 
 class Transolver(nn.Module):
-    """Transolver for irregular meshes and point clouds (Wu et al., ICML 2024).
+    """Transolver for irregular meshes and point clouds (Wu et al., ICML 2024), and Transolver++.
 
     A preprocessing MLP lifts the point inputs to ``n_hidden`` channels (plus a learned
-    per-channel offset), ``n_layers`` :class:`TransolverBlock` s mix information through
-    :class:`PhysicsAttention`, and ``LayerNorm -> Linear`` maps to the outputs. Reference
+    per-channel offset, ``placeholder``), ``n_layers`` :class:`TransolverBlock` s mix information
+    through :class:`PhysicsAttention`, and ``LayerNorm -> Linear`` maps to the outputs. Reference
     configurations: ShapeNet-Car ``n_hidden=256, n_layers=8, n_head=8, slice_num=32, mlp_ratio=2``;
     DrivaerML (PhysicsNeMo) ``slice_num=512``.
 
-    Weights start as in Transolver: linear layers truncated-normal (std 0.02) with zero bias, layer
-    norms at identity, except the slice projections, which stay orthogonal.
+    With the default options this is the published model: no temperature clamp, the published
+    initialisation (every ``Linear`` truncated-normal with std 0.02 and zero bias, the slice
+    projection included; layer norms at identity; temperatures 0.5; ``placeholder`` uniform in
+    ``[0, 1/C)``), ``eps = 1e-5``. Choices left to the user: ``temperature_range`` (a clamp, off by
+    default), ``init="orthogonal"`` (keeps the slice projections orthogonal, as the attention module
+    alone initialises them), ``mlp_ratio`` (the authors' code default is 1; their ShapeNet-Car
+    runs use 2, the default here).
+
+    ``variant="plus"`` gives Transolver++ (Luo et al., ICML 2025): adaptive per-point temperature,
+    Gumbel-softmax slice weights in training and their deterministic form in evaluation, tokens
+    that average the slice projection itself (see :class:`PhysicsAttention`); the authors train it
+    with every block checkpointed (``checkpoint=True`` here). ``cond_dim`` adds the authors'
+    optional global condition: ``Linear(cond_dim, C)`` of a per-sample vector added to every point.
 
     The same module runs on a plain tensor and on a :class:`~meshshard.tensor.ShardTensor` sharded
     on the point dim (*non-invasive* domain parallelism). Follow backward by
-    :func:`meshshard.nn.sync_gradients` to obtain the single-process parameter gradients.
+    :func:`meshshard.nn.sync_gradients` to obtain the single-process parameter gradients. With
+    Gumbel noise (plus, training) the sharded run still equals the single-process run: each point's
+    noise is keyed by its global id and the training step (``rng_step``), see
+    :class:`PhysicsAttention`.
 
     Parameters
     ----------
@@ -100,13 +143,25 @@ class Transolver(nn.Module):
         Width ``C``, depth ``L``, heads ``H`` (``C % H == 0``), slices ``M``, MLP width ratio.
     dropout:
         Dropout in the attention.
+    variant:
+        ``"plain"`` (Transolver) or ``"plus"`` (Transolver++).
     checkpoint:
         Gradient checkpointing of every block (see :class:`TransolverBlock`).
     eps:
         Slice-weight regulariser of the token normalisation.
+    temperature_range:
+        Optional clamp of the per-head temperatures (plain variant); ``None``: none, as published.
+    init:
+        ``"published"`` or ``"orthogonal"`` (the same, but orthogonal slice projections).
+    cond_dim:
+        Channels of the optional per-sample condition (``None``: no condition input).
+    seed:
+        Keys the model's random draws with ``rng_step`` (Gumbel noise, attention dropout): layer
+        ``i`` uses ``seed * 65537 + i``, so two models built alike draw alike, in any process.
 
     **Shapes:** ``x`` ``(N, in_dim)`` or ``(B, N, in_dim)`` -> ``(N, out_dim)`` or ``(B, N, out_dim)``;
-    a ShardTensor sharded on ``N`` gives a ShardTensor with the same sharding.
+    a ShardTensor sharded on ``N`` gives a ShardTensor with the same sharding. ``condition``
+    ``(cond_dim,)`` or ``(B, cond_dim)``, a plain (replicated) tensor.
 
     **Communication** (ShardTensor input): ``L`` ``all_reduce`` s forward, one per layer, each of
     ``B * H * M * (C / H + 1)`` values; ``L`` backward (``2 L`` with ``checkpoint=True``).
@@ -127,8 +182,13 @@ class Transolver(nn.Module):
         mlp_ratio: float = 2,
         dropout: float = 0.0,
         *,
+        variant: str = "plain",
         checkpoint: bool = False,
         eps: float = 1e-5,
+        temperature_range: tuple[float, float] | None = None,
+        init: str = "published",
+        cond_dim: int | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         _check_positive_int(in_dim, "in_dim")
@@ -137,25 +197,37 @@ class Transolver(nn.Module):
         _check_positive_int(n_layers, "n_layers")
         _check_positive_int(n_head, "n_head")
         _check_positive_int(slice_num, "slice_num")
+        if cond_dim is not None:
+            _check_positive_int(cond_dim, "cond_dim")
         if n_hidden % n_head:
             raise ValueError(
                 f"n_hidden must be divisible by n_head (got n_hidden={n_hidden}, n_head={n_head})"
             )
-        self.in_dim, self.out_dim = in_dim, out_dim
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS} (got {init!r})")
+        self.variant = _check_variant(variant)
+        temperature_range = _check_temperature_range(temperature_range)
+        self.in_dim, self.out_dim, self.cond_dim = in_dim, out_dim, cond_dim
         self.preprocess = _mlp(in_dim, 2 * n_hidden, n_hidden)
         self.placeholder = nn.Parameter(torch.rand(n_hidden) / n_hidden)
+        self.cond_embed = nn.Linear(cond_dim, n_hidden) if cond_dim is not None else None
         self.blocks = nn.ModuleList(
-            TransolverBlock(n_hidden, n_head, slice_num, mlp_ratio, dropout, checkpoint=checkpoint, eps=eps)
+            TransolverBlock(
+                n_hidden, n_head, slice_num, mlp_ratio, dropout, variant=variant, checkpoint=checkpoint, eps=eps,
+                temperature_range=temperature_range,
+            )
             for _ in range(n_layers)
         )
+        for i, block in enumerate(self.blocks):  # a function of the architecture, not of process history
+            block.attn.seed = int(seed) * 65_537 + i
         self.ln_out = nn.LayerNorm(n_hidden)
         self.head = nn.Linear(n_hidden, out_dim)
-        self._init_weights()
+        self._init_weights(init)
 
-    def _init_weights(self) -> None:
-        slice_projections = {id(b.attn.in_project_slice) for b in self.blocks}
+    def _init_weights(self, init: str) -> None:
+        keep = {id(b.attn.in_project_slice) for b in self.blocks} if init == "orthogonal" else set()
         for m in self.modules():
-            if isinstance(m, nn.Linear) and id(m) not in slice_projections:
+            if isinstance(m, nn.Linear) and id(m) not in keep:
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
@@ -173,7 +245,30 @@ class Transolver(nn.Module):
         for b in self.blocks:
             b.checkpoint = bool(value)
 
-    def _check_input(self, x: torch.Tensor) -> None:
+    @property
+    def rng_step(self) -> int:
+        """Training forwards that drew random numbers so far (keys the Gumbel noise and dropout masks).
+
+        Settable: set it to the step count when resuming so that the draws continue the run's.
+        """
+        return self.blocks[0].attn.rng_step
+
+    @rng_step.setter
+    def rng_step(self, value: int) -> None:
+        for b in self.blocks:
+            b.attn.rng_step = int(value)
+
+    @property
+    def config(self) -> dict:
+        """The constructor arguments that rebuild this model's architecture."""
+        a = self.blocks[0].attn
+        return dict(
+            in_dim=self.in_dim, out_dim=self.out_dim, n_hidden=a.dim, n_layers=len(self.blocks), n_head=a.heads,
+            slice_num=a.slice_num, mlp_ratio=self.blocks[0].mlp[0].out_features / a.dim, dropout=a.dropout,
+            variant=self.variant, eps=a.eps, temperature_range=a.temperature_range, cond_dim=self.cond_dim,
+        )
+
+    def _check_input(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"Expected 'x' to be a torch.Tensor (got {type(x).__name__})")
         if x.dim() not in (2, 3) or x.shape[-1] != self.in_dim:
@@ -185,26 +280,88 @@ class Transolver(nn.Module):
                 f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim})"
             )
         _check_dtype_and_device(x, self)
+        if condition is None:
+            return
+        if self.cond_dim is None:
+            raise ValueError("this model takes no condition (built with cond_dim=None)")
+        if isinstance(condition, ShardTensor) or not isinstance(condition, torch.Tensor):
+            raise TypeError(f"Expected 'condition' to be a plain torch.Tensor (got {type(condition).__name__})")
+        expected = (self.cond_dim,) if x.dim() == 2 else (x.shape[0], self.cond_dim)
+        if tuple(condition.shape) != expected:
+            raise ValueError(f"condition must have shape {expected} (got {tuple(condition.shape)})")
 
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> torch.Tensor:
         """Per-point lifting to the hidden width: ``(..., N, in_dim)`` -> ``(..., N, n_hidden)``."""
-        return self.preprocess(x) + self.placeholder
+        h = self.preprocess(x) + self.placeholder
+        if condition is not None:
+            h = h + self.cond_embed(condition).unsqueeze(-2)
+        return h
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Predict ``(..., N, out_dim)`` from ``x`` ``(..., N, in_dim)``."""
-        self._check_input(x)
-        h = self.embed(x)
+    def forward(
+        self, x: torch.Tensor, condition: torch.Tensor | None = None, point_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Predict ``(..., N, out_dim)`` from ``x`` ``(..., N, in_dim)``.
+
+        ``condition``: the optional per-sample vector (``cond_dim``). ``point_ids``: ``(N,)``
+        integer ids that key the Gumbel noise (plus, training) instead of the points' positions in
+        the global tensor; a ShardTensor sharded like ``x``'s points when ``x`` is one.
+        """
+        self._check_input(x, condition)
+        check_point_ids(point_ids, x)
+        h = self.embed(x, condition)
         for block in self.blocks:
-            h = block(h)
+            h = block(h, point_ids)
         return self.head(self.ln_out(h))
 
-    def chunked_forward(self, x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    def chunked_forward(
+        self, x: torch.Tensor, chunk_size: int, condition: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Exact inference in chunks of points; see :func:`chunked_forward`."""
-        return chunked_forward(self, x, chunk_size)
+        return chunked_forward(self, x, chunk_size, condition)
+
+    @classmethod
+    def from_reference(cls, state_dict: Mapping[str, torch.Tensor], source: str = "thuml", **options) -> Transolver:
+        """Build a configured model from a published checkpoint's state dict.
+
+        Parameters
+        ----------
+        state_dict:
+            Weights in the naming of ``source`` (a ``module.`` prefix, as saved from DDP, is dropped).
+            Sizes (``in_dim``, ``out_dim``, ``n_hidden``, ``n_layers``, ``n_head``, ``slice_num``,
+            ``mlp_ratio``, ``cond_dim``) and the variant are inferred from the tensors' names and
+            shapes.
+        source:
+            ``"thuml"`` (``thuml/Transolver`` irregular-mesh ``Model``, or ``thuml/Transolver_plus``
+            ``Model``) or ``"physicsnemo"`` (``physicsnemo.models.transolver.Transolver`` with
+            ``use_te=False``, irregular mesh). The mapping is documented in
+            ``meshshard/nn/_reference.py``.
+        **options:
+            Other constructor options (``dropout``, ``checkpoint``, ...). For ``"physicsnemo"`` the
+            defaults reproduce its computation: ``eps=1e-2`` and, plain variant,
+            ``temperature_range=(0.5, 5.0)``.
+
+        The model takes the dtype of the state dict's floating tensors. Unknown or missing names,
+        and shapes that disagree, raise a ``ValueError`` naming them.
+        """
+        from ._reference import from_reference
+
+        return from_reference(cls, state_dict, source, options)
+
+    def reference_state_dict(self, source: str = "thuml") -> dict[str, torch.Tensor]:
+        """This model's weights in the naming of ``source`` (see :meth:`from_reference`).
+
+        Raises ``ValueError`` when the reference model cannot compute what this one computes (for
+        example a temperature clamp the reference lacks, or another ``eps``).
+        """
+        from ._reference import reference_state_dict
+
+        return reference_state_dict(self, source)
 
 
 @torch.no_grad()
-def chunked_forward(model: Transolver, x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+def chunked_forward(
+    model: Transolver, x: torch.Tensor, chunk_size: int, condition: torch.Tensor | None = None
+) -> torch.Tensor:
     """Evaluate ``model(x)`` exactly, holding the activations of only ``chunk_size`` points at a time.
 
     Physics attention couples all points only through the slice sums ``sum_n w f`` and
@@ -214,7 +371,8 @@ def chunked_forward(model: Transolver, x: torch.Tensor, chunk_size: int) -> torc
     The slice statistics are those of the whole cloud, so the result equals ``model(x)`` to
     floating-point rounding for any ``chunk_size`` (unlike chunked inference that attends within each
     chunk, which changes the answer). Memory: the hidden state ``N x n_hidden`` plus one chunk's
-    activations. Runs without autograd and in eval mode (dropout off); the model's mode is restored.
+    activations. Runs without autograd and in eval mode (dropout off, Transolver++ without Gumbel
+    noise); the model's mode is restored.
 
     Works on a ShardTensor too (each rank chunks its own shard): the local sums of all chunks are
     all-reduced once per layer.
@@ -227,6 +385,8 @@ def chunked_forward(model: Transolver, x: torch.Tensor, chunk_size: int) -> torc
         ``(N, in_dim)`` or ``(B, N, in_dim)``, a plain tensor or a ShardTensor sharded on ``N``.
     chunk_size:
         Points per chunk (the last chunk may be smaller).
+    condition:
+        As in :meth:`Transolver.forward`.
 
     **Shapes:** as :meth:`Transolver.forward`.
 
@@ -236,16 +396,17 @@ def chunked_forward(model: Transolver, x: torch.Tensor, chunk_size: int) -> torc
     if not isinstance(model, Transolver):
         raise TypeError(f"Expected 'model' to be a Transolver (got {type(model).__name__})")
     _check_positive_int(chunk_size, "chunk_size")
-    model._check_input(x)
+    model._check_input(x, condition)
     spec = x.spec if isinstance(x, ShardTensor) else None
     local = x.to_local() if spec is not None else x
     unbatched = local.dim() == 2
     if unbatched:
         local = local.unsqueeze(0)
+        condition = condition.unsqueeze(0) if condition is not None else None
     was_training = model.training
     model.eval()
     try:
-        out = _chunked(model, local, chunk_size, spec)
+        out = _chunked(model, local, chunk_size, spec, condition)
     finally:
         model.train(was_training)
     if unbatched:
@@ -253,19 +414,20 @@ def chunked_forward(model: Transolver, x: torch.Tensor, chunk_size: int) -> torc
     return wrap(out, spec, out.dim() - 2) if spec is not None else out
 
 
-def _chunked(model: Transolver, x: torch.Tensor, chunk_size: int, spec) -> torch.Tensor:
+def _chunked(model: Transolver, x: torch.Tensor, chunk_size: int, spec, condition) -> torch.Tensor:
+    """The chunked evaluation on a plain local ``(B, N_local, in_dim)`` tensor."""
     b, n = x.shape[0], x.shape[1]
     spans = [(s, min(s + chunk_size, n)) for s in range(0, n, chunk_size)]
     h = x.new_empty((b, n, model.placeholder.shape[0]))
     for s, e in spans:
-        h[:, s:e] = model.embed(x[:, s:e])
+        h[:, s:e] = model.embed(x[:, s:e], condition)
     for block in model.blocks:
         attn = block.attn
         sum_wf = x.new_zeros((b, attn.heads, attn.slice_num, attn.dim_head))
         sum_w = x.new_zeros((b, attn.heads, attn.slice_num))
         for s, e in spans:
-            u = block.ln_1(h[:, s:e])
-            wf, w = slice_sums(attn.slice_weights(u), attn.point_features(u))
+            x_mid, f = attn.project(block.ln_1(h[:, s:e]))
+            wf, w = slice_sums(attn.weights(x_mid), f)
             sum_wf += wf
             sum_w += w
         tokens = attn.attend(finish_slice_tokens(sum_wf, sum_w, attn.eps, spec))

@@ -104,7 +104,7 @@ def _dropout_model(checkpoint: bool = False) -> Transolver:
     """Attention dropout on (fixed seeds); the point-wise dropout after ``to_out`` off."""
     model = _model(dropout=0.3, checkpoint=checkpoint).train()
     for i, block in enumerate(model.blocks):
-        block.attn.dropout_seed = 100 + i
+        block.attn.seed = 100 + i
         block.attn.to_out[1].p = 0.0
     return model
 
@@ -126,6 +126,66 @@ def test_attention_dropout_is_seeded_and_survives_checkpointing():
     torch.testing.assert_close(model(x), model(x))
 
 
+def test_published_initialisation_and_the_orthogonal_option():
+    torch.manual_seed(0)
+    model = Transolver(3, 2, n_hidden=64, n_layers=2, n_head=4, slice_num=8)
+    # timm's / torch's trunc_normal_(std=0.02) truncates at +-2 (absolute): in effect normal(0, 0.02)
+    weights = [m.weight.detach().flatten() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert abs(float(torch.cat(weights).std()) - 0.02) < 0.001
+    assert all(not m.bias.any() for m in model.modules() if isinstance(m, torch.nn.Linear) and m.bias is not None)
+    w = torch.cat([b.attn.in_project_slice.weight.detach().flatten() for b in model.blocks])  # not orthogonal
+    assert abs(float(w.std()) - 0.02) < 0.006
+    for b in model.blocks:
+        torch.testing.assert_close(b.attn.temperature, torch.full((4, 1, 1), 0.5))
+    p = model.placeholder.detach()
+    assert 0 <= float(p.min()) and float(p.max()) < 1 / 64
+    ortho = Transolver(3, 2, n_hidden=64, n_layers=2, n_head=4, slice_num=8, init="orthogonal")
+    ws = ortho.blocks[0].attn.in_project_slice.weight  # (M, D) = (8, 16): orthonormal rows
+    torch.testing.assert_close(ws @ ws.T, torch.eye(8), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"init must be one of \('published', 'orthogonal'\) \(got 'xavier'\)"):
+        Transolver(3, 2, init="xavier")
+
+
+def test_plus_training_noise_follows_point_ids_and_eval_is_deterministic():
+    model, x = _model(variant="plus"), _inputs(2, 25)
+    perm = torch.randperm(25, generator=torch.Generator().manual_seed(4))
+    ids = torch.arange(25)
+    y = model(x, point_ids=ids)
+    model.rng_step = 0
+    # the same points in another order, keyed by the same ids: the same noise, the same answer
+    torch.testing.assert_close(model(x[:, perm], point_ids=ids[perm]), y[:, perm], **TOL)
+    model.rng_step = 0
+    assert not torch.allclose(model(x[:, perm]), y[:, perm])  # keyed by position: other noise
+    model.eval()
+    torch.testing.assert_close(model(x[:, perm]), model(x)[:, perm], **TOL)
+    torch.testing.assert_close(chunked_forward(model, x, 6), model(x).detach(), **TOL)
+
+
+def test_rng_step_resumes_the_noise_sequence():
+    model, x = _model(variant="plus"), _inputs(1, 17)
+    outs = [model(x).detach() for _ in range(3)]
+    assert model.rng_step == 3 and not torch.allclose(outs[1], outs[2])
+    fresh = _model(variant="plus")
+    fresh.rng_step = 2
+    torch.testing.assert_close(fresh(x), outs[2], rtol=0, atol=0)
+
+
+def test_condition_embedding():
+    model = _model(variant="plus", cond_dim=3)
+    with torch.no_grad():
+        model.cond_embed.weight.normal_()
+    x, cond = _inputs(2, 9), torch.randn(2, 3)
+    model.eval()
+    y = model(x, cond)
+    assert not torch.allclose(y, model(x))
+    torch.testing.assert_close(model(x[1], cond[1]), y[1], **TOL)
+    torch.testing.assert_close(chunked_forward(model, x, 4, cond), y.detach(), **TOL)
+    with pytest.raises(ValueError, match=r"condition must have shape \(2, 3\) \(got \(3,\)\)"):
+        model(x, cond[0])
+    with pytest.raises(ValueError, match="this model takes no condition"):
+        _model()(x, cond)
+
+
 # -- sharded: every output, parameter gradient and input gradient equals the serial model -----------
 def _serial(model, g, loss_fn):
     ref_x = g.clone().requires_grad_()
@@ -138,7 +198,9 @@ def _serial(model, g, loss_fn):
 
 def _check_sharded(model, g, sizes, mesh, loss_fn, dim):
     """Run ``model`` on this rank's shard of ``g`` and compare with the serial run."""
+    step = model.rng_step
     ref_y, ref_grads, ref_xgrad = _serial(model, g, loss_fn)
+    model.rng_step = step  # the sharded run draws the serial run's Gumbel noise (plus, training)
     rank = mesh.get_local_rank(mesh.ndim - 1)
     off = sum(sizes[:rank])
     leaf = g.narrow(dim, off, sizes[rank]).clone().requires_grad_()
@@ -161,31 +223,71 @@ def _mse(y):
     return y.pow(2).mean()
 
 
-def _sharded_equals_serial(sizes, batch, checkpoint):
+def _sharded_equals_serial(sizes, batch, checkpoint, variant="plain"):
     mesh = ms.init_mesh()
-    model = _model(checkpoint=checkpoint)
+    model = _model(checkpoint=checkpoint, variant=variant)
     g = _inputs(batch, sum(sizes))
     dim = 0 if batch is None else 1
     _, fwd, bwd = _check_sharded(model, g, sizes, mesh, _mse, dim)
     return fwd.counts["all_reduce"], bwd.counts["all_reduce"]
 
 
+@pytest.mark.parametrize("variant", ["plain", "plus"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("batch", [None, 1, 2])
-def test_sharded_forward_and_backward_equal_serial(world_size, batch):
-    counts = run_distributed(_sharded_equals_serial, world_size, SIZES[world_size], batch, False)
+def test_sharded_forward_and_backward_equal_serial(world_size, batch, variant):
+    """Plus in training mode: Gumbel noise keyed by global point ids, so P ranks equal one process."""
+    counts = run_distributed(_sharded_equals_serial, world_size, SIZES[world_size], batch, False, variant)
     layers = CONFIG["n_layers"]
     # forward: one all-reduce per attention layer; backward mirrors each, plus the loss's mean
     expected = (0, 0) if world_size == 1 else (layers, layers + 1)
     assert counts == [expected] * world_size
 
 
+@pytest.mark.parametrize("variant", ["plain", "plus"])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_checkpointed_blocks_on_shards(world_size):
-    counts = run_distributed(_sharded_equals_serial, world_size, SIZES[world_size], 2, True)
+def test_checkpointed_blocks_on_shards(world_size, variant):
+    counts = run_distributed(_sharded_equals_serial, world_size, SIZES[world_size], 2, True, variant)
     layers = CONFIG["n_layers"]
     # the recomputed forward of each block all-reduces again during backward, on every rank alike
     assert counts == [(layers, 2 * layers + 1)] * world_size
+
+
+def _sharded_plus_keyed_by_point_ids(sizes):
+    """Noise keyed by user ids (e.g. original mesh ids): sharded equals serial, forward and backward."""
+    mesh = ms.init_mesh()
+    model = _model(variant="plus")
+    n = sum(sizes)
+    g = _inputs(2, n, seed=11)
+    ids = torch.randperm(n, generator=torch.Generator().manual_seed(2)) * 7 + 2**33  # arbitrary distinct ids
+    ref_x = g.clone().requires_grad_()
+    ref_y = model(ref_x, point_ids=ids)
+    _mse(ref_y).backward()
+    ref_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    model.rng_step = 0
+    rank = dist.get_rank()
+    off = sum(sizes[:rank])
+    leaf = g.narrow(1, off, sizes[rank]).clone().requires_grad_()
+    x = ms.ShardTensor.from_local(leaf, mesh, sizes, dim=1)
+    try:
+        model(x, point_ids=ids)
+    except TypeError as e:
+        plain_ids_error = str(e)
+    pid = ms.ShardTensor.from_local(ids[off:off + sizes[rank]], mesh, sizes, dim=0)
+    y = model(x, point_ids=pid)
+    torch.testing.assert_close(y.full_tensor().to_plain(), ref_y.detach(), **TOL)
+    _mse(y).backward()
+    ms.nn.sync_gradients(model, mesh)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[k], **TOL, msg=k)
+    torch.testing.assert_close(leaf.grad, ref_x.grad.narrow(1, off, sizes[rank]), **TOL)
+    return plain_ids_error
+
+
+def test_sharded_plus_with_point_ids_equals_serial():
+    for msg in run_distributed(_sharded_plus_keyed_by_point_ids, 3, SIZES[3]):
+        assert msg == "point_ids must be a ShardTensor sharded like x's points when x is a ShardTensor"
 
 
 def _sharded_dropout(sizes):

@@ -1,0 +1,108 @@
+"""Gumbel noise keyed by the global point id: the same draw for a point on any number of ranks.
+
+Transolver++ perturbs the slice logits with Gumbel noise in training. Drawn from a stateful
+generator (``torch.rand_like``), each rank would draw numbers for its *local* rows, so a P-rank run
+would see other noise than a single process and could not be compared with it. Here every number
+is a pure function of ``(key, b, h, point_id, m)``: a counter-based generator. No library offers a
+counter-based generator over arbitrary integer keys in PyTorch (``torch.Generator`` is stateful;
+Philox is not exposed per element), so it is written here, as 32-bit integer hashing on ``int32``
+tensors (wrap-around multiplication; logical shifts by masking), on any device.
+
+The hash is Chris Wellons' *lowbias32* (public-domain constants), applied in a chain:
+``a = mix(id_lo ^ key_bh)``, ``a = mix(a ^ id_hi)``, ``u = mix(a ^ key_m)`` with ``key_bh`` and
+``key_m`` hashed from the seed and the batch, head and slice indices. The top 24 bits give
+``u`` in ``(0, 1)`` (never 0 or 1), and ``g = -log(-log(u))`` is standard Gumbel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["mix32", "keyed_uniform", "gumbel_noise"]
+
+_M32 = 0xFFFFFFFF
+_C1, _C2 = 0x7FEB352D, 0x846CA68B
+
+
+def _s32(v: int) -> int:
+    """An unsigned 32-bit value as the int32 with the same bits."""
+    v &= _M32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def mix32(x):
+    """lowbias32 on unsigned 32-bit values: Python ints, or int32 tensors holding the bits.
+
+    For tensors the arithmetic wraps modulo ``2**32`` (int32), and right shifts are made logical
+    by masking, so the bits agree with the Python-int version.
+    """
+    if isinstance(x, torch.Tensor):
+        x = x ^ ((x >> 16) & 0xFFFF)
+        x = x * _s32(_C1)
+        x = x ^ ((x >> 15) & 0x1FFFF)
+        x = x * _s32(_C2)
+        return x ^ ((x >> 16) & 0xFFFF)
+    x &= _M32
+    x ^= x >> 16
+    x = (x * _C1) & _M32
+    x ^= x >> 15
+    x = (x * _C2) & _M32
+    return x ^ (x >> 16)
+
+
+def _key(*values: int) -> int:
+    k = 0x9E3779B9
+    for v in values:
+        v = int(v)
+        k = mix32(k ^ (v & _M32))
+        k = mix32(k ^ ((v >> 32) & _M32) ^ 0x85EBCA6B)
+    return k
+
+
+def _int32_bits(v: torch.Tensor) -> torch.Tensor:
+    """int64 values in ``[0, 2**32)`` as int32 with the same bits."""
+    return (v - ((v >> 31) & 1) * (1 << 32)).to(torch.int32)
+
+
+def keyed_uniform(
+    point_ids: torch.Tensor, batch: int, heads: int, slices: int, seed: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Uniform numbers in ``(0, 1)``, ``(batch, heads, N, slices)``, a pure function of the keys.
+
+    Parameters
+    ----------
+    point_ids:
+        ``(N,)`` non-negative integer ids of the points (global ids: the same point has the same
+        id on every rank).
+    batch, heads, slices:
+        The other three dims of the result.
+    seed:
+        Any integer (the module's seed and the step, combined by the caller).
+    dtype:
+        Floating dtype of the result (24 random bits).
+    """
+    if point_ids.dim() != 1 or point_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"point_ids must be a 1-d integer tensor (got shape {tuple(point_ids.shape)}, dtype {point_ids.dtype})"
+        )
+    ids = point_ids.to(torch.int64)
+    dev = ids.device
+    lo, hi = _int32_bits(ids & _M32), _int32_bits((ids >> 32) & _M32)
+    key_bh = torch.tensor(
+        [[_s32(_key(seed, b, h)) for h in range(heads)] for b in range(batch)], dtype=torch.int32, device=dev
+    )
+    key_m = torch.tensor([_s32(_key(seed, -1, m)) for m in range(slices)], dtype=torch.int32, device=dev)
+    a = mix32(lo.view(1, 1, -1) ^ key_bh.unsqueeze(-1))  # (B, H, N)
+    a = mix32(a ^ hi.view(1, 1, -1))
+    bits = mix32(a.unsqueeze(-1) ^ key_m)  # (B, H, N, M)
+    top24 = (bits >> 8) & 0xFFFFFF
+    return (top24.to(dtype) + 0.5) * (2.0**-24)
+
+
+def gumbel_noise(
+    point_ids: torch.Tensor, batch: int, heads: int, slices: int, seed: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Standard Gumbel noise ``-log(-log(u))`` with ``u`` from :func:`keyed_uniform`; same shape."""
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    u = keyed_uniform(point_ids, batch, heads, slices, seed, work)
+    return (-torch.log(-torch.log(u))).to(dtype)

@@ -1,0 +1,62 @@
+"""Keyed Gumbel noise: the bits agree with a plain-Python hash; a point's draw depends only on its keys."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from meshshard.nn._gumbel import gumbel_noise, keyed_uniform, mix32
+
+
+def _lowbias32(x: int) -> int:
+    """Chris Wellons' lowbias32, written out on Python ints."""
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def test_tensor_hash_equals_the_python_hash_on_every_bit():
+    values = [0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1, 0xDEADBEEF]
+    signed = [v - 2**32 if v >= 2**31 else v for v in values]
+    got = mix32(torch.tensor(signed, dtype=torch.int32)).tolist()
+    assert [g & 0xFFFFFFFF for g in got] == [_lowbias32(v) for v in values]
+    assert [mix32(v) for v in values] == [_lowbias32(v) for v in values]
+
+
+def test_a_points_draw_depends_on_its_id_not_on_its_neighbours():
+    ids = torch.arange(1000)
+    u = keyed_uniform(ids, 2, 3, 4, seed=7)
+    assert u.shape == (2, 3, 1000, 4)
+    perm = torch.randperm(1000, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(keyed_uniform(ids[perm], 2, 3, 4, seed=7), u[:, :, perm], rtol=0, atol=0)
+    torch.testing.assert_close(keyed_uniform(ids[300:301], 2, 3, 4, seed=7), u[:, :, 300:301], rtol=0, atol=0)
+    assert not torch.equal(keyed_uniform(ids, 2, 3, 4, seed=8), u)
+    big = torch.tensor([5, 2**40 + 5, 2**33 + 5])  # the high 32 bits of the id count too
+    v = keyed_uniform(big, 1, 1, 2, seed=0)
+    assert not torch.equal(v[0, 0, 0], v[0, 0, 1]) and not torch.equal(v[0, 0, 1], v[0, 0, 2])
+
+
+def test_uniform_and_gumbel_statistics():
+    u = keyed_uniform(torch.arange(50_000), 1, 2, 8, seed=3)
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 3e-3 and abs(float(u.var()) - 1 / 12) < 2e-3
+    g = gumbel_noise(torch.arange(50_000), 1, 2, 8, seed=3, dtype=torch.float64)
+    assert abs(float(g.mean()) - 0.5772156649) < 0.01  # Euler-Mascheroni
+    assert abs(float(g.var()) - math.pi**2 / 6) < 0.03
+    # neighbouring slices, heads and points are uncorrelated
+    flat = g[0, 0]
+    assert abs(float(torch.corrcoef(torch.stack([flat[:, 0], flat[:, 1]]))[0, 1])) < 0.02
+    assert abs(float(torch.corrcoef(torch.stack([g[0, 0, :, 0], g[0, 1, :, 0]]))[0, 1])) < 0.02
+    assert abs(float(torch.corrcoef(torch.stack([flat[:-1, 0], flat[1:, 0]]))[0, 1])) < 0.02
+
+
+def test_half_precision_and_errors():
+    g = gumbel_noise(torch.arange(10), 1, 1, 3, seed=1, dtype=torch.bfloat16)
+    assert g.dtype == torch.bfloat16 and torch.isfinite(g).all()
+    with pytest.raises(ValueError, match=r"point_ids must be a 1-d integer tensor \(got shape \(2, 2\)"):
+        keyed_uniform(torch.zeros(2, 2, dtype=torch.int64), 1, 1, 1, seed=0)
