@@ -46,6 +46,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grad-checkpoint", action="store_true", help="recompute blocks in backward")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--model", dest="arch", choices=("transolver", "meshgraphnet"), default="transolver",
+                   help="surrogate (meshgraphnet: kNN graph, --n-layers blocks of width --n-hidden)")
+    p.add_argument("--knn", dest="knn_k", type=_positive_int, default=6, help="meshgraphnet: neighbours per point")
     _add_model_args(p)
 
 
@@ -92,8 +95,10 @@ def _run_train(args: argparse.Namespace) -> int:
         dp=args.dp,
         grad_checkpoint=args.grad_checkpoint,
         resume=args.resume,
+        arch=args.arch,
+        knn_k=args.knn_k,
     )
-    if args.n_hidden % args.n_head:
+    if args.arch == "transolver" and args.n_hidden % args.n_head:
         raise SystemExit(f"meshshard train: --n-hidden ({args.n_hidden}) must be divisible by --n-head ({args.n_head})")
     train(cfg)
     return 0
