@@ -74,7 +74,14 @@ class DomainParallel(torch.nn.Module):
         self.global_degree = tuple(global_degree)
         self._calls = 0
         self._handles = []
-        for layer in _top_message_passing(model):
+        layers = _top_message_passing(model)
+        if any(getattr(layer, "_meshshard_wrapped", False) for layer in layers):
+            raise RuntimeError(
+                "DomainParallel: this model is already wrapped (its layers would exchange twice); "
+                "call .remove() on the other wrapper or use .set_graph()"
+            )
+        for layer in layers:
+            layer._meshshard_wrapped = True
             self._handles.append(layer.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
             self._handles.append(layer.register_forward_hook(self._post_hook))
 
@@ -89,6 +96,8 @@ class DomainParallel(torch.nn.Module):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for layer in _top_message_passing(self.model):
+            layer._meshshard_wrapped = False
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:

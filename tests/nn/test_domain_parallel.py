@@ -279,6 +279,12 @@ def test_bad_input():
         cells_to_edges(torch.tensor([[0, 1, 2]]), mode="x")
     with pytest.raises(TypeError, match="graph must be a meshshard.ops.ShardedGraph"):
         DomainParallel(_model("gcn"), edges)
+    model = _model("gcn")
+    first = DomainParallel(model, ShardedGraph.from_edges(pos, edges))
+    with pytest.raises(RuntimeError, match="already wrapped"):
+        DomainParallel(model, ShardedGraph.from_edges(pos, edges))
+    first.remove()
+    DomainParallel(model, ShardedGraph.from_edges(pos, edges)).remove()
 
 
 def test_cells_to_edges_exact():
