@@ -196,7 +196,28 @@ def _build_counts(hops):
     pos = ms.ShardTensor.from_local(pos_all[lo:hi], mesh, sizes=sizes)
     with ms.CommCounter() as cc:
         graph = ShardedGraph.from_edges(pos, edges, hops=hops)
-    return dict(cc.counts), graph.global_edge_index(), graph.owned_edges(), graph.global_index, graph.in_degree
+    rel, length = graph.edge_vectors()
+    with ms.CommCounter() as ex:
+        rel2, _ = graph.edge_vectors(pos)  # exchanged positions: the same values
+    torch.testing.assert_close(rel2, rel, rtol=0, atol=0)
+    errors = []
+    if world > 1:  # a ghost id this rank owns is refused on this rank only (no collective reached)
+        mine = torch.arange(lo, hi)
+        for bad in (mine[:1], torch.tensor([N])):
+            if bad.numel():
+                try:
+                    ms.HaloPlan.from_ghost_ids(pos, bad)
+                except ValueError as exc:
+                    errors.append(str(exc))
+    return (
+        dict(cc.counts),
+        graph.global_edge_index(),
+        graph.owned_edges(),
+        graph.global_index,
+        graph.in_degree,
+        (rel, length, dict(ex.counts)),
+        errors,
+    )
 
 
 @pytest.mark.parametrize("hops", [1, 3])
@@ -206,8 +227,13 @@ def test_graph_build_ghosts_and_counts(hops):
     sizes = SIZES[world]
     results = run_distributed(_build_counts, world, hops)
     deg = torch.bincount(edges[1], minlength=N)
-    for rank, (counts, gedges, owned, gidx, in_degree) in enumerate(results):
+    for rank, (counts, gedges, owned, gidx, in_degree, (rel, length, ex), errors) in enumerate(results):
         lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+        torch.testing.assert_close(rel, pos_all[gedges[0]] - pos_all[gedges[1]], rtol=0, atol=0)
+        torch.testing.assert_close(length[:, 0], rel.norm(dim=-1))
+        assert ex == {"all_to_all": 1}
+        assert all("ghost_ids must be global indices in [0, 41) owned by other ranks than" in e for e in errors)
+        assert len(errors) == (2 if hi > lo else 1)
         # from_ghost_ids: 3, degrees: 1, per extra hop: 4
         assert counts == {"all_to_all": 4 + 4 * (hops - 1)}
         mine = (edges[1] >= lo) & (edges[1] < hi)
