@@ -175,7 +175,14 @@ class ShardedGraph:
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
-    def from_edges(cls, points: ShardTensor | torch.Tensor, edge_index: torch.Tensor, *, hops: int = 1) -> ShardedGraph:
+    def from_edges(
+        cls,
+        points: ShardTensor | torch.Tensor,
+        edge_index: torch.Tensor,
+        *,
+        hops: int = 1,
+        partition: Any = None,
+    ) -> ShardedGraph:
         """Build from a global edge list.
 
         Parameters
@@ -191,6 +198,10 @@ class ShardedGraph:
             Halo depth: ``k`` layers per exchange (``hops > 1`` needs ``edge_index`` to hold the
             edges into the ghosts too, i.e. the same list on every rank, unless the owners are
             asked: see Communication).
+        partition:
+            A :class:`~meshshard.partition.Partition` (or ``MeshPartition``: its points) when
+            ``edge_index`` holds the *original* point ids and ``points`` were scattered with it
+            (``ms.scatter(points, partition, mesh)``): ids are relabelled to partition order.
 
         **Communication:** one ``all_to_all`` round per extra hop to fetch the ghosts' incoming
         edges from their owners (four ``all_to_all``: counts, ids, edge counts, edges), then
@@ -200,6 +211,8 @@ class ShardedGraph:
         check_coordinates(points, "points")
         local = _local(points)
         edge_index = _check_edge_index(edge_index, local.device)
+        if partition is not None:
+            edge_index = _relabel(edge_index, partition)
         lo, hi = _owned_range(points)
         n_global = _num_global(points)
         if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= n_global):
@@ -213,15 +226,23 @@ class ShardedGraph:
 
     @classmethod
     def from_cells(
-        cls, points: ShardTensor | torch.Tensor, cells: torch.Tensor, *, mode: str = "cycle", hops: int = 1
+        cls,
+        points: ShardTensor | torch.Tensor,
+        cells: torch.Tensor,
+        *,
+        mode: str = "cycle",
+        hops: int = 1,
+        partition: Any = None,
     ) -> ShardedGraph:
         """Build the mesh graph (both directions of every cell edge, see :func:`cells_to_edges`).
 
         ``cells`` ``(C, F)`` are global point ids (the points' order after partitioning), the same
         on every rank or any subset holding every cell that touches this rank's points (and, for
-        ``hops > 1``, its ghosts). **Communication:** as :meth:`from_edges`.
+        ``hops > 1``, its ghosts); with ``partition``, original point ids (see :meth:`from_edges`).
+        **Communication:** as :meth:`from_edges`.
         """
-        return cls.from_edges(points, cells_to_edges(cells, mode).to(_local(points).device), hops=hops)
+        edges = cells_to_edges(cells, mode).to(_local(points).device)
+        return cls.from_edges(points, edges, hops=hops, partition=partition)
 
     @classmethod
     def from_neighbors(
@@ -335,6 +356,22 @@ def _check_edge_index(edge_index: Any, device: torch.device) -> torch.Tensor:
             f"edge_index must be an integer tensor of shape (2, E) (got {getattr(edge_index, 'shape', edge_index)!r})"
         )
     return edge_index.to(device=device, dtype=torch.long)
+
+
+def _relabel(edge_index: torch.Tensor, partition: Any) -> torch.Tensor:
+    """Original point ids -> positions in partition order."""
+    part = getattr(partition, "points", partition)  # a MeshPartition's point partition
+    perm = getattr(part, "perm", None)
+    if not isinstance(perm, torch.Tensor):
+        raise TypeError(f"partition must be a meshshard Partition or MeshPartition (got {type(partition).__name__})")
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= perm.numel()):
+        raise ValueError(
+            f"edge_index must hold original point ids in [0, {perm.numel()}) "
+            f"(got [{int(edge_index.min())}, {int(edge_index.max())}])"
+        )
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return inverse.to(edge_index.device)[edge_index]
 
 
 def _to_rows(ids: torch.Tensor, lo: int, hi: int, ghosts: torch.Tensor) -> torch.Tensor:
