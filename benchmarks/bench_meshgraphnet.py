@@ -263,6 +263,8 @@ def main(quick: bool = False, points: int | None = None) -> dict:
     for r in rows:  # the same trajectory on every P (exactness, not just speed)
         r["losses_match_p1"] = all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(r["ranks"][0]["losses"], ref))
     sim = _simulate(nx, ny, 8)
+    # the 1M-point mesh of the goal, simulated even when it is too big to train here
+    sim_1m = sim if n >= 1_000_000 else _simulate(1000, 1000, 8)
     print(f"\nMeshGraphNet {MODEL}, {n:,} points ({nx} x {ny} grid, {base['ranks'][0]['num_edges']:,} edges); "
           "AdamW step, fp32, gloo, 1 thread/rank")
     print(f"{'config':<6} {'act. peak MiB':>14} {'vs P=1':>7} {'step s':>8} {'speedup':>8} {'CPU s':>7} "
@@ -271,8 +273,11 @@ def main(quick: bool = False, points: int | None = None) -> dict:
         print(f"{r['label']:<6} {r['activation_peak_mb']:>14.0f} {r['memory_vs_p1']:>7.2f} {r['step_s']:>8.2f} "
               f"{r['speedup_vs_p1']:>8.2f} {r['cpu_s']:>7.2f} {r['cpu_speedup_vs_p1']:>8.2f} "
               f"{r['halo_bytes_per_layer']:>13,} {r['ring_bytes_per_layer']:>13,} {r['load_avg_1min']:>5.1f}")
+    for name, s in sim_1m.items():
+        print(f"P=8 simulated, 1,000,000 points ({name}): halo {s['halo_bytes_per_layer']:,} B/layer vs ring "
+              f"{s['ring_bytes_per_layer']:,} B/layer = {s['ratio']:.4f}x")
     for name, s in sim.items():
-        print(f"P=8 simulated ({name}): halo {s['halo_bytes_per_layer']:,} B/layer vs ring "
+        print(f"P=8 simulated, {n:,} points ({name}): halo {s['halo_bytes_per_layer']:,} B/layer vs ring "
               f"{s['ring_bytes_per_layer']:,} B/layer = {s['ratio']:.4f}x")
     losses = [r["ranks"][0]["losses"] for r in rows]
     print("losses per step (P = 1, 2, 4):", losses, "match:", [r["losses_match_p1"] for r in rows])
@@ -284,7 +289,8 @@ def main(quick: bool = False, points: int | None = None) -> dict:
         "p2_cpu_speedup": p2["cpu_speedup_vs_p1"],
         "p2_speedup_met": p2["speedup_vs_p1"] >= 1.6,
         "p8_halo_ratio_rcb": sim["rcb"]["ratio"],
-        "p8_halo_met": sim["rcb"]["ratio"] <= 0.1,
+        "p8_halo_ratio_rcb_1m_points": sim_1m["rcb"]["ratio"],
+        "p8_halo_met": sim_1m["rcb"]["ratio"] <= 0.1,
         "load_avg_1min_max": max(r["load_avg_1min"] for r in rows),
     }
     print(f"targets: P=4 memory {targets['p4_memory_ratio']:.2f}x (<= 0.30: {targets['p4_memory_met']}); "
@@ -301,6 +307,7 @@ def main(quick: bool = False, points: int | None = None) -> dict:
         "torch": torch.__version__,
         "training": rows,
         "simulated_p8": sim,
+        "simulated_p8_1m_points": sim_1m,
         "targets": targets,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
