@@ -48,7 +48,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--model", dest="arch", choices=("transolver", "meshgraphnet"), default="transolver",
                    help="surrogate (meshgraphnet: kNN graph, --n-layers blocks of width --n-hidden)")
-    p.add_argument("--knn", dest="knn_k", type=_positive_int, default=6, help="meshgraphnet: neighbours per point")
+    p.add_argument("--knn", dest="knn_k", metavar="K", type=_positive_int, default=6,
+                   help="meshgraphnet: neighbours per point (default 6)")
     _add_model_args(p)
 
 
