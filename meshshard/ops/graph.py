@@ -195,9 +195,8 @@ class ShardedGraph:
             list that holds every edge into this rank's nodes (this rank keeps exactly those).
             Multi-edges are kept; their order is the list's.
         hops:
-            Halo depth: ``k`` layers per exchange (``hops > 1`` needs ``edge_index`` to hold the
-            edges into the ghosts too, i.e. the same list on every rank, unless the owners are
-            asked: see Communication).
+            Halo depth: ``k`` layers per exchange. For ``k > 1`` the incoming edges of the ghosts
+            closer than ``k`` hops are asked from their owners (see Communication).
         partition:
             A :class:`~meshshard.partition.Partition` (or ``MeshPartition``: its points) when
             ``edge_index`` holds the *original* point ids and ``points`` were scattered with it
@@ -237,8 +236,9 @@ class ShardedGraph:
         """Build the mesh graph (both directions of every cell edge, see :func:`cells_to_edges`).
 
         ``cells`` ``(C, F)`` are global point ids (the points' order after partitioning), the same
-        on every rank or any subset holding every cell that touches this rank's points (and, for
-        ``hops > 1``, its ghosts); with ``partition``, original point ids (see :meth:`from_edges`).
+        on every rank or any subset holding every cell that touches this rank's points; with
+        ``partition``, original point ids (see :meth:`from_edges`).
+
         **Communication:** as :meth:`from_edges`.
         """
         edges = cells_to_edges(cells, mode).to(_local(points).device)
