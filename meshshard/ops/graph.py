@@ -47,6 +47,8 @@ def cells_to_edges(cells: torch.Tensor, mode: str = "cycle") -> torch.Tensor:
     -------
     LongTensor ``(2, E)``
         Sorted by (target, source): row 0 sources, row 1 targets; no self loops, no duplicates.
+
+    **Communication:** none (a local function of the cells it is given).
     """
     if not isinstance(cells, torch.Tensor) or cells.dim() != 2 or cells.is_floating_point():
         raise TypeError(f"cells must be an integer tensor of shape (C, F) (got {getattr(cells, 'shape', cells)!r})")
