@@ -15,6 +15,7 @@ the extended rows and the local ``edge_index`` is all they need, so no layer is 
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -239,7 +240,7 @@ def _fused_exchange(graph: ShardedGraph, tensors: list[torch.Tensor]) -> list[to
     """Exchange several node tensors with one ``all_to_all`` when they share a dtype."""
     if len(tensors) == 1 or len({t.dtype for t in tensors}) > 1:
         return [graph.exchange(t) for t in tensors]
-    flat = [t.reshape(t.shape[0], -1) for t in tensors]
+    flat = [t.reshape(t.shape[0], math.prod(t.shape[1:])) for t in tensors]  # -1 fails on 0 rows
     ext = graph.exchange(torch.cat(flat, 1))
     out, col = [], 0
     for t, f in zip(tensors, flat):
