@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 from torch_geometric.nn import MessagePassing
 
-from ..ops.graph import ShardedGraph
-from .domain_parallel import DomainParallel
-
-__all__ = ["MeshGraphNet", "MeshGraphNetBlock", "mlp", "graph_features"]
+__all__ = ["MeshGraphNet", "MeshGraphNetBlock", "mlp"]
 
 
 def mlp(in_dim: int, hidden: int, out_dim: int, layers: int = 2, norm: bool = True) -> torch.nn.Sequential:
@@ -105,18 +102,3 @@ class MeshGraphNet(torch.nn.Module):
         for block in self.blocks:
             h, e = block(h, edge_index, e)
         return self.decoder(h)
-
-
-def graph_features(graph: ShardedGraph, scale: float = 1.0) -> torch.Tensor:
-    """MeshGraphNet edge inputs ``(E_local, D + 1)``: relative source position and distance over ``scale``."""
-    rel, dist = graph.edge_vectors()
-    return torch.cat([rel, dist], -1) / scale
-
-
-def run_meshgraphnet(model: MeshGraphNet, graph: ShardedGraph, x: torch.Tensor, edge_attr: torch.Tensor):
-    """``DomainParallel(model, graph)(x, graph.edge_index, edge_attr)`` with the hooks removed after."""
-    wrapped = DomainParallel(model, graph)
-    try:
-        return wrapped(x, graph.edge_index, edge_attr)
-    finally:
-        wrapped.remove()
