@@ -31,7 +31,7 @@ from .._atomic import atomic_write
 from ..comm import all_reduce
 from ..faults import install_excepthook
 from ..mesh import init_mesh
-from ..nn import MeshGraphNet, Transolver, sync_gradients
+from ..nn import Transolver, sync_gradients
 from ..tensor import ShardTensor
 
 __all__ = ["TrainConfig", "train", "evaluate", "features", "TARGETS", "INPUTS"]
@@ -70,6 +70,8 @@ class TrainConfig:
     def model(self) -> torch.nn.Module:
         torch.manual_seed(self.seed)
         if self.arch == "meshgraphnet":
+            from ..nn.meshgraphnet import MeshGraphNet  # torch-geometric: imported only when used
+
             return MeshGraphNet(6, 4, 4, hidden=self.n_hidden, num_layers=self.n_layers)
         return Transolver(
             in_dim=6,
