@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("partition", "neighbors", "transolver", "dispatch", "preprocess", "io", "store")
+BENCHMARKS = ("partition", "neighbors", "transolver", "dispatch", "preprocess", "io", "store", "meshgraphnet")
 
 
 def _load(name: str):

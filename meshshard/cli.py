@@ -91,8 +91,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the model initialisation and of the sample order")
     p.add_argument("--grad-checkpoint", action="store_true", help="recompute blocks in backward (less memory)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--model", choices=("transolver", "transolver++"), default="transolver",
-                   help="Transolver (default) or Transolver++ (adaptive temperature, Gumbel-softmax slices)")
+    p.add_argument("--model", dest="arch", choices=("transolver", "transolver++", "meshgraphnet"),
+                   default="transolver",
+                   help="surrogate: Transolver (default), Transolver++ (adaptive temperature, Gumbel-softmax slices) "
+                        "or MeshGraphNet (kNN graph, --n-layers blocks of width --n-hidden)")
+    p.add_argument("--knn", dest="knn_k", metavar="K", type=_positive_int, default=6,
+                   help="meshgraphnet: neighbours per point")
     _add_model_args(p)
 
 
@@ -167,7 +171,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if not meta.get("splits", {}).get("train"):
         raise UsageError(f"meshshard train: the store {args.store} has no training runs")
     _check_out_folder("train", args.out)
-    if args.n_hidden % args.n_head:
+    if args.arch != "meshgraphnet" and args.n_hidden % args.n_head:
         raise UsageError(f"meshshard train: --n-hidden ({args.n_hidden}) must be divisible by --n-head ({args.n_head})")
     code = _relaunch(args)
     if code is not None:
@@ -191,7 +195,8 @@ def _run_train(args: argparse.Namespace) -> int:
         dp=args.dp,
         grad_checkpoint=args.grad_checkpoint,
         resume=args.resume,
-        arch=args.model,
+        arch=args.arch,
+        knn_k=args.knn_k,
     )
     train(cfg)
     return 0

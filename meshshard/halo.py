@@ -347,6 +347,67 @@ class HaloPlan:
         )
         return plan.validate() if comm.validate_enabled() else plan
 
+    @classmethod
+    def from_ghost_ids(cls, points: ShardTensor | torch.Tensor, ghost_ids: torch.Tensor) -> HaloPlan:
+        """The plan that brings exactly the points ``ghost_ids`` (global indices) to this rank.
+
+        For halos that are not balls, e.g. the sources of a graph's edges: each rank names the
+        other ranks' points it needs and their owners learn what to send.
+
+        Parameters
+        ----------
+        points:
+            ``(N_local, D)`` coordinates sharded along dim 0 (a plain tensor: the single-process
+            plan, and ``ghost_ids`` must be empty). Ghosts' coordinates end up in ``ghost_points``.
+        ghost_ids:
+            ``(G,)`` global indices owned by **other** ranks (duplicates allowed, dropped).
+
+        **Communication:** three ``all_to_all``: ``P`` int64 counts, ``G`` int64 ids to their
+        owners, and the ghosts' coordinates back (one exchange). Nothing on a plain tensor.
+        """
+        check_coordinate_tensor(points, "points")
+        if not isinstance(ghost_ids, torch.Tensor) or ghost_ids.dim() != 1 or ghost_ids.is_floating_point():
+            raise TypeError(f"ghost_ids must be a 1-D integer tensor (got {ghost_ids!r:.60})")
+        local = (points.to_local() if isinstance(points, ShardTensor) else points).detach()
+        ghost_ids = torch.unique(ghost_ids.to(device=local.device, dtype=torch.long))  # sorted: grouped by owner
+        if not isinstance(points, ShardTensor):
+            if ghost_ids.numel():
+                raise ValueError(
+                    f"a plain tensor has no other ranks, so ghost_ids must be empty (got {ghost_ids.numel()})"
+                )
+            return cls._build(points, None, torch.zeros(0, dtype=torch.float64))
+        spec = points.spec
+        group, rank, world = spec.group, spec.rank, spec.num_ranks
+        offsets = torch.tensor(spec.offsets, device=local.device)
+        owner = torch.searchsorted(offsets, ghost_ids, right=True) - 1
+        if ghost_ids.numel() and (
+            int(ghost_ids[0]) < 0 or int(ghost_ids[-1]) >= int(offsets[-1]) or bool((owner == rank).any())
+        ):
+            raise ValueError(
+                f"ghost_ids must be global indices in [0, {int(offsets[-1])}) owned by other ranks than {rank} "
+                f"(got range [{int(ghost_ids[0])}, {int(ghost_ids[-1])}], {int((owner == rank).sum())} owned here)"
+            )
+        recv_counts = torch.bincount(owner, minlength=world)
+        send_counts = comm.all_to_all(recv_counts.reshape(world, 1), [1] * world, [1] * world, group).reshape(-1)
+        recv_c, send_c = recv_counts.tolist(), send_counts.tolist()
+        wanted = comm.all_to_all(ghost_ids, recv_c, send_c, group)
+        plan = cls(
+            send_index=wanted - spec.offsets[rank],
+            send_counts=send_c,
+            recv_counts=recv_c,
+            ghost_global_index=ghost_ids,
+            ghost_points=local[:0],
+            num_owned=local.shape[0],
+            offsets=spec.offsets,
+            rank=rank,
+            group=group,
+            radius=None,
+        )
+        if comm.validate_enabled():
+            plan.validate()
+        plan.ghost_points = plan.exchange(local)[local.shape[0] :]
+        return plan
+
     # -- sizes --------------------------------------------------------------------------------------
     @property
     def num_ghosts(self) -> int:

@@ -101,6 +101,8 @@ def demo(
 
     summary = _summary(nproc, sharded, single_summary, ev_sharded, ev_single, vis, time.perf_counter() - t_start)
     (root / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"\nthe graph surrogate on the same store: meshshard train {store} --model meshgraphnet "
+          f"--nproc {nproc} --out {root / 'train_mgn'}")
     return summary
 
 

@@ -1,4 +1,4 @@
-"""Domain-parallel training and evaluation of a Transolver surrogate on a preprocessed DrivaerML store.
+"""Domain-parallel training and evaluation of a Transolver or MeshGraphNet surrogate on a DrivaerML store.
 
 Run under ``torchrun`` (one process per rank; gloo on CPU, NCCL on CUDA) or as one process.
 Every rank holds one shard of each sample (read from its contiguous slice of the store, no
@@ -65,12 +65,18 @@ class TrainConfig:
     grad_checkpoint: bool = False
     resume: bool = False
     quiet: bool = False
-    arch: str = "transolver"  # or "transolver++"
+    arch: str = "transolver"  # or "transolver++", "meshgraphnet"
+    knn_k: int = 6
 
-    def model(self) -> Transolver:
-        if self.arch not in ("transolver", "transolver++"):
-            raise SystemExit(f"meshshard train: model must be 'transolver' or 'transolver++' (got {self.arch!r})")
+    def model(self) -> torch.nn.Module:
+        if self.arch not in ("transolver", "transolver++", "meshgraphnet"):
+            raise SystemExit(
+                f"meshshard train: model must be 'transolver', 'transolver++' or 'meshgraphnet' (got {self.arch!r})")
         torch.manual_seed(self.seed)
+        if self.arch == "meshgraphnet":
+            from ..nn.meshgraphnet import MeshGraphNet  # torch-geometric: imported only when used
+
+            return MeshGraphNet(6, 4, 4, hidden=self.n_hidden, num_layers=self.n_layers)
         return Transolver(
             in_dim=6,
             out_dim=4,
@@ -97,6 +103,29 @@ def features(sample: dict[str, torch.Tensor], stats: dict[str, tuple[torch.Tenso
     x = torch.cat([pos, sample["normals"]], dim=-1)
     t = torch.cat([sample["pMeanTrim"].unsqueeze(-1), sample["wallShearStressMeanTrim"]], dim=-1)
     return x, t
+
+
+def _predict(cfg: TrainConfig, model: torch.nn.Module, sample: dict, x, stats):
+    """The model's output on one (sharded) sample.
+
+    MeshGraphNet runs on the exact kNN graph of the surface points (``cfg.knn_k`` neighbours,
+    self excluded), with edge inputs the relative standardised position and its length, through
+    :class:`~meshshard.nn.DomainParallel` (one halo exchange per block).
+    """
+    if cfg.arch != "meshgraphnet":
+        return model(x)
+    from ..nn import DomainParallel
+    from ..ops import ShardedGraph, knn
+
+    pos = sample["pos"]
+    graph = ShardedGraph.from_neighbors(pos, knn(pos, None, cfg.knn_k + 1))
+    rel, _ = graph.edge_vectors()
+    rel = rel / stats["pos"][1].reshape(1, -1).to(rel)
+    runner = DomainParallel(model, graph)
+    try:
+        return runner(x, graph.edge_index, torch.cat([rel, rel.norm(dim=-1, keepdim=True)], -1))
+    finally:
+        runner.remove()
 
 
 def _is_main() -> bool:
@@ -195,7 +224,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         x, t = features(sample, stats)
         n_points = x.shape[0]
         model.train()
-        y = model(x)
+        y = _predict(cfg, model, sample, x, stats)
         loss = ((y - t) ** 2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -309,7 +338,7 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
             sample = ds[i]
             run = int(sample["run"])
             x, t = features(sample, ds.stats)
-            y = model(x)
+            y = _predict(cfg, model, sample, x, ds.stats)
             rel = _relative_l2(y, t, ds)
             csv = source / f"run_{run}" / f"force_mom_{run}.csv"
             row = read_csv_row(csv) if csv.is_file() else None

@@ -1,4 +1,8 @@
-"""Neural-network modules that run on plain tensors and on ShardTensors alike."""
+"""Neural-network modules that run on plain tensors and on ShardTensors alike.
+
+The graph modules (``DomainParallel``, ``MeshGraphNet``, ``MeshGraphNetBlock``) import
+torch-geometric, which takes seconds: they load on first use.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from .point_conv import PointConv
 from .transolver import Transolver, TransolverBlock, chunked_forward
 
 __all__ = [
+    "DomainParallel",
+    "MeshGraphNet",
+    "MeshGraphNetBlock",
     "sync_gradients",
     "PhysicsAttention",
     "PointConv",
@@ -15,3 +22,13 @@ __all__ = [
     "TransolverBlock",
     "chunked_forward",
 ]
+
+_LAZY = {"DomainParallel": "domain_parallel", "MeshGraphNet": "meshgraphnet", "MeshGraphNetBlock": "meshgraphnet"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'meshshard.nn' has no attribute {name!r}")

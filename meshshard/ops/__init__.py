@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from .graph import ShardedGraph, cells_to_edges, simulate_graph_halo
 from .neighbors import Neighbors, ball_query, knn
 from .physics_attention import finish_slice_tokens, slice_sums, slice_tokens
 
-__all__: list[str] = ["Neighbors", "ball_query", "knn", "slice_tokens", "slice_sums", "finish_slice_tokens"]
+__all__: list[str] = [
+    "ShardedGraph",
+    "cells_to_edges",
+    "simulate_graph_halo",
+    "Neighbors", "ball_query", "knn", "slice_tokens", "slice_sums", "finish_slice_tokens"]
