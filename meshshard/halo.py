@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from . import comm
 from .errors import ShardingError
-from .ops._kernels import radius_pairs, sq_dist
+from .ops._kernels import points_within, sq_dist
 from .tensor import ShardTensor
 
 __all__ = ["HaloPlan", "check_coordinates", "check_radius", "simulate_halo"]
@@ -159,9 +159,7 @@ def _keep_mask(
     if rows.numel() == 0:
         return keep
     r2_rows = r2.index_select(0, rows) if isinstance(r2, torch.Tensor) else r2
-    _, pj, _ = radius_pairs(candidates, queries.index_select(0, rows), r2_rows, backend=backend)
-    keep[pj] = True
-    return keep
+    return points_within(candidates, queries.index_select(0, rows), r2_rows, backend=backend)
 
 
 def _segment_sums(mask: torch.Tensor, counts: Sequence[int]) -> list[int]:

@@ -16,7 +16,7 @@ from meshshard.ops._kernels import radius_pairs, torch_cluster_available
 from meshshard.partition import partition
 from meshshard.testing import run_distributed
 
-BACKENDS = ["scipy", "grid"] + (["torch_cluster"] if torch_cluster_available() else [])
+BACKENDS = ["numba", "scipy", "grid"] + (["torch_cluster"] if torch_cluster_available() else [])
 
 
 # -- reference: brute force on the gathered points ----------------------------------------------------
