@@ -261,13 +261,14 @@ def nearest_neighbors(
     :func:`select_rows` gives. ``r2=None`` is k nearest neighbours. ``point_gidx`` are the ids that
     order equidistant points (default: the row).
 
-    ``"numba"``: the fused kernel (:mod:`._fused`) computes the rows directly. Otherwise a ball (``r2`` given) collects all pairs (scipy: dual-tree traversal), then sorts them with
-    one composite-key sort. For kNN, the scipy backend avoids materialising all pairs:
-    ``cKDTree.query`` returns a few more than
-    ``k`` neighbours per query (multithreaded), rows are re-ordered with the exact float64 distance
-    and global index, and a row is accepted only if its ``k``-th exact distance is clearly below
-    the farthest one scipy returned (so no point left out can tie or beat it). The few other rows
-    (exact ties beyond the buffer, e.g. many duplicate points) are redone exactly with all pairs.
+    ``"numba"``: the fused kernel (:mod:`._fused`) computes the rows directly. Otherwise a ball
+    (``r2`` given) collects all pairs (scipy: dual-tree traversal), then sorts them with one
+    composite-key sort. For kNN, the scipy backend avoids materialising all pairs:
+    ``cKDTree.query`` returns a few more than ``k`` neighbours per query (multithreaded), rows are
+    re-ordered with the exact float64 distance and global index, and a row is accepted only if
+    its ``k``-th exact distance is clearly below the farthest one scipy returned (so no point left
+    out can tie or beat it). The few other rows (exact ties beyond the buffer, e.g. many duplicate
+    points) are redone exactly with all pairs.
 
     Returns ``(index, count, dist2)`` as :func:`select_rows`.
     """
