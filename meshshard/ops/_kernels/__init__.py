@@ -1,6 +1,6 @@
 """Local neighbour-search kernels behind one interface, with identical results on every backend.
 
-``"numba"`` (the default wherever numba is installed: CPU, and CUDA through ``numba.cuda``) is the
+``"numba"`` (the CPU default when numba is installed; on CUDA through ``numba.cuda``, opt-in) is the
 fused kernel of :mod:`._fused`: per query a grid walk and a bounded heap ordered by (exact float64
 distance, id), writing the ``(M, K)`` result directly, never a list of pairs. The other backends
 only propose candidate pairs; :func:`radius_pairs` then decides ``d2 <= r2`` with the same float64
@@ -19,7 +19,6 @@ import torch
 from ._common import pair_d2, select_rows, sq_dist
 from ._grid import grid_radius_candidates
 from ._numba import available as numba_available
-from ._numba import cuda_available as numba_cuda_available
 from ._numba import fused_mark, fused_nearest
 from ._scipy import scipy_knn_candidates, scipy_query, scipy_radius_candidates, scipy_tree
 from ._torch_cluster import available as torch_cluster_available
@@ -53,11 +52,13 @@ _NO_INDEX = torch.iinfo(torch.long).max
 
 
 def default_backend(device: torch.device) -> str:
-    """``"numba"`` when numba (CPU) or numba.cuda (CUDA) is usable, else ``"scipy"`` (CPU) or ``"grid"``."""
+    """``"numba"`` on CPU when numba is installed (else ``"scipy"``), ``"grid"`` on other devices.
+
+    The CUDA build of the fused kernel (``backend="numba"`` on CUDA tensors) is opt-in until it has
+    run on a GPU: its logic is tested under numba's CUDA simulator only.
+    """
     if torch.device(device).type == "cpu":
         return "numba" if numba_available() else "scipy"
-    if torch.device(device).type == "cuda" and numba_cuda_available():
-        return "numba"
     return "grid"
 
 

@@ -120,6 +120,16 @@ def _cell_of(x, lo, inv_c, size):
 
 
 @register_jitable
+def _clip(i, size):
+    """``i`` clipped to ``[0, size - 1]``."""
+    if i < 0:
+        return 0
+    if i > size - 1:
+        return size - 1
+    return i
+
+
+@register_jitable
 def _gap(q, lo, c, i, margin):
     """Distance along one axis from ``q`` to cell ``i``'s slab, minus the margin, at least 0."""
     a = lo + i * c
@@ -189,11 +199,13 @@ def query_one(
             gx = _ring_gap(qx, lo[0], c, ci, s, nx, margin)
             gy = _ring_gap(qy, lo[1], c, cj, s, ny, margin)
             gz = _ring_gap(qz, lo[2], c, ck, s, nz, margin)
-            g = min(gx, min(gy, gz))
+            g = gx if gx < gy else gy
+            g = g if g < gz else gz
             if g == np.inf or g * g > bound:
                 break
-        i0, i1 = max(ci - s, 0), min(ci + s, nx - 1)
-        j0, j1 = max(cj - s, 0), min(cj + s, ny - 1)
+        # (no min/max builtins: numba.cuda resolves them to the iterable overload)
+        i0, i1 = _clip(ci - s, nx), _clip(ci + s, nx)
+        j0, j1 = _clip(cj - s, ny), _clip(cj + s, ny)
         for i in range(i0, i1 + 1):
             ex = _gap(qx, lo[0], c, i, margin)
             ex *= ex
@@ -207,7 +219,7 @@ def query_one(
                     continue
                 base = (i * ny + j) * nz
                 if edge_i or j == cj - s or j == cj + s:
-                    k0, k1, step = max(ck - s, 0), min(ck + s, nz - 1), 1
+                    k0, k1, step = _clip(ck - s, nz), _clip(ck + s, nz), 1
                 else:  # interior column of the ring: only its two end cells
                     k0, k1, step = ck - s, ck + s, 2 * s if s > 0 else 1
                 for kk in range(k0, k1 + 1, step):
