@@ -28,8 +28,9 @@ is farther than the current bound, the ring loop stops when the whole ring is; t
 while fewer than ``K`` neighbours were found, then the smaller of ``r^2`` and the heap's worst.
 Pruning compares with a margin ``1e-12 x`` the coordinates' scale, far above the rounding of cell
 assignment and box bounds, and is strict (``>``), so a point that ties the worst on distance is
-still visited and the id decides. The heap is a max-heap on (squared distance, id) stored in the
-query's output row, heap-sorted in place at the end: memory is the ``(M, K)`` output plus the
+still visited and the id decides. The row is filled unsorted until it holds ``K`` points, then
+becomes a max-heap on (squared distance, id) whose root is replaced by better points; it is sorted in
+place at the end (insertion sort, or heap sort when full): memory is the ``(M, K)`` output plus the
 sorted copy of the points and the grid, never a pair list.
 
 The squared distance is computed with :func:`sq_dist3`, the library's one float64 formula
@@ -66,25 +67,30 @@ def _sq_dist3_cpu(ax, ay, az, bx, by, bz):
 
 
 @register_jitable
-def _worse(d_a, id_a, d_b, id_b):
-    """``(d_a, id_a)`` comes after ``(d_b, id_b)`` in the neighbour order."""
-    return d_a > d_b or (d_a == d_b and id_a > id_b)
+def _after(d_a, p_a, d_b, p_b, sid):
+    """Point ``p_a`` at ``d_a`` comes after ``p_b`` at ``d_b`` in the (distance, id) order; the ids
+    are only read on an exact distance tie."""
+    if d_a != d_b:
+        return d_a > d_b
+    return sid[p_a] > sid[p_b]
 
 
 @register_jitable
-def _sift_down(hd, hp, sid, row, n, d, p):
-    """Place ``(d, p)`` at the root of the max-heap ``hd/hp[row, :n]`` and restore the heap."""
-    i = 0
-    idp = sid[p]
+def _sift_down(hd, hp, sid, row, n, i, d, p):
+    """Place ``(d, p)`` at slot ``i`` of the max-heap ``hd/hp[row, :n]`` and sift it down."""
     while True:
         c = 2 * i + 1
         if c >= n:
             break
-        if c + 1 < n and _worse(hd[row, c + 1], sid[hp[row, c + 1]], hd[row, c], sid[hp[row, c]]):
-            c += 1
-        if _worse(hd[row, c], sid[hp[row, c]], d, idp):
-            hd[row, i] = hd[row, c]
-            hp[row, i] = hp[row, c]
+        dc, pc = hd[row, c], hp[row, c]
+        if c + 1 < n:
+            d1, p1 = hd[row, c + 1], hp[row, c + 1]
+            if _after(d1, p1, dc, pc, sid):
+                c += 1
+                dc, pc = d1, p1
+        if _after(dc, pc, d, p, sid):
+            hd[row, i] = dc
+            hp[row, i] = pc
             i = c
         else:
             break
@@ -93,20 +99,9 @@ def _sift_down(hd, hp, sid, row, n, d, p):
 
 
 @register_jitable
-def _push(hd, hp, sid, row, n, d, p):
-    """Append ``(d, p)`` to the max-heap ``hd/hp[row, :n]`` (``n < K``)."""
-    i = n
-    idp = sid[p]
-    while i > 0:
-        parent = (i - 1) // 2
-        if _worse(d, idp, hd[row, parent], sid[hp[row, parent]]):
-            hd[row, i] = hd[row, parent]
-            hp[row, i] = hp[row, parent]
-            i = parent
-        else:
-            break
-    hd[row, i] = d
-    hp[row, i] = p
+def _heapify(hd, hp, sid, row, n):
+    for i in range(n // 2 - 1, -1, -1):
+        _sift_down(hd, hp, sid, row, n, i, hd[row, i], hp[row, i])
 
 
 @register_jitable
@@ -162,7 +157,7 @@ def _ring_gap(q, lo, c, qc, s, size, margin):
 
 @register_jitable
 def _scan_cell(
-    cell, qx, qy, qz, r2, bound, n, row, k, mode, sp, sid, cell_start, out_d2, out_pos, keep
+    cell, qx, qy, qz, r2, n, row, k, mode, sp, sid, cell_start, out_d2, out_pos, keep
 ):
     """Visit one cell's points; returns the heap size (``MODE_SEARCH``) or ``n`` unchanged."""
     for p in range(cell_start[cell], cell_start[cell + 1]):
@@ -171,11 +166,14 @@ def _scan_cell(
             continue
         if mode == MODE_MARK:
             keep[p] = 1
-        elif n < k:
-            _push(out_d2, out_pos, sid, row, n, d, p)
+        elif n < k:  # not full: append; the row becomes a heap when it fills
+            out_d2[row, n] = d
+            out_pos[row, n] = p
             n += 1
-        elif _worse(out_d2[row, 0], sid[out_pos[row, 0]], d, sid[p]):
-            _sift_down(out_d2, out_pos, sid, row, n, d, p)
+            if n == k:
+                _heapify(out_d2, out_pos, sid, row, n)
+        elif _after(out_d2[row, 0], out_pos[row, 0], d, p, sid):
+            _sift_down(out_d2, out_pos, sid, row, n, 0, d, p)
     return n
 
 
@@ -232,7 +230,7 @@ def query_one(
                     if ey + ez * ez > bound:
                         continue
                     n = _scan_cell(
-                        cell, qx, qy, qz, r2, bound, n, row, k, mode, sp, sid, cell_start, out_d2, out_pos, keep
+                        cell, qx, qy, qz, r2, n, row, k, mode, sp, sid, cell_start, out_d2, out_pos, keep
                     )
                     if mode == MODE_SEARCH and n == k and out_d2[row, 0] < bound:
                         bound = out_d2[row, 0]
@@ -242,15 +240,26 @@ def query_one(
 
 @register_jitable
 def finish_row(out_d2, out_pos, sid, order, row, n, k):
-    """Heap-sort ``row`` in place (ascending (distance, id)), map sorted positions to point rows
-    through ``order`` and pad with ``(inf, -1)``."""
-    end = n - 1
-    while end > 0:
-        d, p = out_d2[row, end], out_pos[row, end]
-        out_d2[row, end] = out_d2[row, 0]
-        out_pos[row, end] = out_pos[row, 0]
-        _sift_down(out_d2, out_pos, sid, row, end, d, p)
-        end -= 1
+    """Sort ``row`` in place (ascending (distance, id)): heap sort when it is a full heap, else
+    insertion sort; map sorted positions to point rows through ``order``; pad with ``(inf, -1)``."""
+    if n == k:
+        end = n - 1
+        while end > 0:
+            d, p = out_d2[row, end], out_pos[row, end]
+            out_d2[row, end] = out_d2[row, 0]
+            out_pos[row, end] = out_pos[row, 0]
+            _sift_down(out_d2, out_pos, sid, row, end, 0, d, p)
+            end -= 1
+    else:
+        for a in range(1, n):
+            d, p = out_d2[row, a], out_pos[row, a]
+            b = a - 1
+            while b >= 0 and _after(out_d2[row, b], out_pos[row, b], d, p, sid):
+                out_d2[row, b + 1] = out_d2[row, b]
+                out_pos[row, b + 1] = out_pos[row, b]
+                b -= 1
+            out_d2[row, b + 1] = d
+            out_pos[row, b + 1] = p
     for t in range(n):
         out_pos[row, t] = order[out_pos[row, t]]
     for t in range(n, k):
