@@ -104,7 +104,7 @@ def test_backends_match_reference(backend):
     assert knn(pts, q, 9, backend=backend).index.tolist() == reference(pts, q, k=9).tolist()
 
 
-@pytest.mark.parametrize("backend", ["scipy", "grid"])
+@pytest.mark.parametrize("backend", ["numba", "scipy", "grid"])
 def test_random_cloud_matches_reference(backend):
     # Generic float coordinates (few exact ties): exercises the fast paths rather than the tie fix-ups.
     g = torch.Generator().manual_seed(11)
