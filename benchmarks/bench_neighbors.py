@@ -10,7 +10,8 @@ numba, OpenMP and the k-d trees' ``workers`` all get it):
    sorted) vs ``cKDTree(pts).query(pts, k=32, distance_upper_bound=r, workers)`` and pykdtree's
    ``query`` (when importable), and ``knn(k=16)`` vs ``cKDTree.query(k=16)``; plus
    ``torch_cluster.radius`` (when importable) and meshshard's previous scipy path
-   (``backend="scipy"``). Wall and CPU seconds, and ``ours / peer`` wall ratios.
+   (``backend="scipy"``). Wall and CPU seconds, and ``ours / peer`` wall ratios; and the peak
+   memory of ``ball_query`` over the size of its result (one process per backend).
 2. **Ghost traffic** at ``P = 8`` (RCB and Hilbert, :func:`meshshard.halo.simulate_halo`): bytes
    one exchange sends vs a ring that moves every point to every rank.
 3. **P = 2 vs P = 1**: plan + feature exchange + ball query (gloo ranks, one thread each), against
@@ -165,6 +166,33 @@ def _kernels(n: int, threads: int, with_old: bool) -> dict:
     return {"num_points": n, "threads": threads, "np_version": np.__version__, "clouds": out}
 
 
+_PEAK = """
+import math, resource, sys, torch
+torch.set_num_threads({threads})
+from meshshard.ops import ball_query
+n = {n}
+pts = torch.rand(n, 3, generator=torch.Generator().manual_seed(0))
+ball_query(pts[:2000], None, 0.1, 4, backend="{backend}")
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+nbr = ball_query(pts, None, (30 * 3 / (4 * math.pi * n)) ** (1 / 3), {k}, backend="{backend}")
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024, nbr.index.numel() * 16)
+"""
+
+
+def _peak_memory(n: int, threads: int) -> dict:
+    """Peak RSS growth of one ``ball_query`` (own process per backend) over its ``(N, K)`` output."""
+    import subprocess
+    import sys
+
+    out = {}
+    for backend in ("numba", "scipy"):
+        code = _PEAK.format(threads=threads, n=n, backend=backend, k=MAX_NEIGHBORS)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        peak, returned = (int(v) for v in res.stdout.split())
+        out[backend] = {"peak_bytes": peak, "returned_bytes": returned, "peak_over_returned": peak / returned}
+    return out
+
+
 # -- part 2 ---------------------------------------------------------------------------------------
 def _ghosts(n: int, num_parts: int) -> dict:
     from meshshard.halo import simulate_halo
@@ -284,6 +312,7 @@ def main(quick: bool = False, threads: int = 2, cuda: bool = False) -> dict:
     n_scale = 100_000 if quick else 1_000_000
     load = os.getloadavg()
     kernels = _kernels(n_kernel, threads, with_old=True)
+    memory = _peak_memory(n_kernel, threads)
     ghosts = _ghosts(n_ghost, 8)
     scaling = _scaling(n_scale, 3)
     cuda_rows = _cuda((1_000_000, 10_000_000)) if cuda else None
@@ -299,6 +328,9 @@ def main(quick: bool = False, threads: int = 2, cuda: bool = False) -> dict:
         for name, row in rep["rows"].items():
             ratio = f"{row['ours_over_peer']:.2f}" if "ours_over_peer" in row else ""
             print(f"{name:<32}{row['wall_s']:>9.2f}{row['cpu_s']:>9.2f}{ratio:>11}  {row['note']}")
+    print("\nPeak memory of ball_query K=32 (RSS growth over the returned int64 index + float64 distances)")
+    for backend, row in memory.items():
+        print(f"{backend:<8}{row['peak_bytes'] / 2**20:>8.0f} MiB   x{row['peak_over_returned']:.2f} of the result")
     print(f"\nGhost traffic at P = {ghosts['num_parts']}, {n_ghost:,} points (one exchange, all ranks)")
     print(f"{'partition':<10}{'ghosts':>10}{'ghost MB':>10}{'ring MB':>10}{'ratio':>8}{'box/exact':>11}")
     for method, rep in ghosts["methods"].items():
@@ -321,6 +353,7 @@ def main(quick: bool = False, threads: int = 2, cuda: bool = False) -> dict:
         "load_average_at_start": load,
         "load_average_at_end": load_end,
         "kernels": kernels,
+        "peak_memory": memory,
         "ghosts": ghosts,
         "scaling": scaling,
         "cuda": cuda_rows,
