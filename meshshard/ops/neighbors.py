@@ -284,7 +284,10 @@ def ball_query(
     local_ids = _check_ids(ids, points)
     local_points, local_queries = _local(points), _local(queries)
     if plan is None:
-        plan = HaloPlan.build(points, radius, None if self_query else queries, regions=regions, backend=backend)
+        # coordinates and radius are checked above: skip build()'s second pass over the values
+        plan = HaloPlan._build(
+            points, None if self_query else queries, radius * radius, regions=regions, backend=backend
+        )
     else:
         if not isinstance(plan, HaloPlan):
             raise TypeError(f"plan must be a HaloPlan (got {type(plan).__name__})")

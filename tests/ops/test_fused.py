@@ -110,3 +110,19 @@ def test_cuda_kernels_compile_to_ptx():
     if lines[-1] == "NO-NVVM":
         pytest.skip("libNVVM not found: PTX cannot be generated on this machine")
     assert lines[-2:] == ["MUL 3 ADD 2", "OK"]
+
+
+def test_points_near_boxes_numba_equals_torch_on_exact_ties():
+    import torch
+
+    from meshshard.ops._kernels import _points_near_boxes_torch, points_near_boxes
+
+    g = torch.Generator().manual_seed(0)
+    for dim in (1, 2, 3):
+        pts = torch.randint(-4, 9, (500, dim), generator=g).double() * 0.25
+        corners = torch.randint(0, 5, (2, 6, dim), generator=g).double() * 0.25
+        lo, hi = corners.min(0).values, corners.max(0).values
+        r2 = (torch.randint(0, 4, (6,), generator=g).double() * 0.25) ** 2  # lattice radii: boundary ties
+        got = points_near_boxes(pts, lo, hi, r2)
+        assert got.shape == (6, 500) and got.any() and not got.all()
+        assert torch.equal(got, _points_near_boxes_torch(pts, lo, hi, r2))

@@ -30,6 +30,7 @@ __all__ = [
     "knn_bound",
     "nearest_neighbors",
     "numba_available",
+    "points_near_boxes",
     "points_within",
     "pair_d2",
     "radius_pairs",
@@ -160,6 +161,37 @@ def points_within(
     _, pj, _ = radius_pairs(points, queries, r2, backend=backend)
     keep[pj] = True
     return keep
+
+
+def points_near_boxes(points: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """``(B, N)`` bool: point ``n`` lies within ``r2[b]`` of the box ``[lo[b], hi[b]]`` (closed).
+
+    The squared gap is summed in axis order like :func:`sq_dist`, so every backend decides alike:
+    numba on CPU (one pass), torch blocks elsewhere.
+
+    **Shapes:** ``points`` ``(N, D)``, ``lo``/``hi`` ``(B, D)``, ``r2`` ``(B,)`` -> ``(B, N)``.
+    """
+    device = points.device
+    p = points.detach().to(torch.float64).contiguous()
+    lo, hi, r2 = (t.to(device, torch.float64).contiguous() for t in (lo, hi, r2))
+    if device.type == "cpu" and numba_available():
+        from ._fused import near_boxes
+
+        out = torch.empty((lo.shape[0], p.shape[0]), dtype=torch.bool)
+        near_boxes(p.numpy(), lo.numpy(), hi.numpy(), r2.numpy(), out.numpy())
+        return out
+    return _points_near_boxes_torch(p, lo, hi, r2)
+
+
+def _points_near_boxes_torch(p: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    device = p.device
+    step = max(1, _BRUTE_BLOCK // max(lo.shape[0] * p.shape[1], 1))
+    parts = []
+    for a in range(0, p.shape[0], step):
+        x = p[a : a + step, None, :]
+        gap = torch.clamp(torch.maximum(lo[None] - x, x - hi[None]), min=0.0)  # (n, B, D)
+        parts.append((sq_dist(gap, torch.zeros_like(gap)) <= r2[None, :]).t())
+    return torch.cat(parts, 1) if parts else torch.zeros((lo.shape[0], 0), dtype=torch.bool, device=device)
 
 
 def _keep(ok: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -323,3 +323,25 @@ def mark_within(sp, cell_start, lo, c, dims, margin, q, qorder, r2, keep):
             q[row, 0], q[row, 1], q[row, 2], rr, 0, MODE_MARK, 0, sp, sid, cell_start, lo, c, inv_c, dims,
             margin, no_d2, no_pos, keep,
         )
+
+
+@njit(cache=True, parallel=True)
+def near_boxes(x, lo, hi, r2, out):
+    """``out[b, p] = 1`` where point ``x[p]`` is within ``r2[b]`` of box ``[lo[b], hi[b]]``.
+
+    The gap per axis is ``max(lo - x, x - hi, 0)`` and its squares are summed in axis order, the
+    formula of ``halo._box_d2`` (same decisions), without its temporaries.
+    """
+    n, dim = x.shape
+    for p in prange(n):
+        for b in range(lo.shape[0]):
+            d = 0.0
+            for c in range(dim):
+                g = lo[b, c] - x[p, c]
+                h = x[p, c] - hi[b, c]
+                if h > g:
+                    g = h
+                if g < 0.0:
+                    g = 0.0
+                d += g * g
+            out[b, p] = d <= r2[b]
