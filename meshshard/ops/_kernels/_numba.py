@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["available", "cuda_available", "fused_mark", "fused_nearest", "grid_params"]
+__all__ = ["available", "fused_mark", "fused_nearest", "grid_params"]
 
 #: Cells of the dense grid per point, at most (the grid then costs 8 bytes x this per point).
 _CELLS_PER_POINT = 4
@@ -27,17 +27,6 @@ def available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def cuda_available() -> bool:
-    if not available():
-        return False
-    try:
-        from numba import cuda
-
-        return bool(cuda.is_available())
-    except Exception:  # noqa: BLE001 - a broken CUDA install means: not available
-        return False
 
 
 def _require() -> None:
