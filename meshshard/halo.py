@@ -36,8 +36,6 @@ from .tensor import ShardTensor
 
 __all__ = ["HaloPlan", "check_coordinates", "check_radius", "simulate_halo"]
 
-#: Elements of one block of the point-to-box distance test.
-_BOX_BLOCK = 1 << 22
 
 
 def check_radius(radius: Any, name: str = "radius") -> float:
@@ -124,10 +122,8 @@ def _candidates(points: torch.Tensor, boxes: torch.Tensor, rank: int) -> tuple[t
     peers = peer_ok.nonzero().flatten()
     if peers.numel() == 0:
         return empty, empty.clone()
-    lo, hi, r2 = lo[peers], hi[peers], r2[peers]
-    step = max(1, _BOX_BLOCK // max(peers.numel() * dim, 1))
-    near = torch.cat([_box_d2(points[a : a + step], lo, hi) <= r2[None, :] for a in range(0, points.shape[0], step)])
-    slot, local = near.t().nonzero(as_tuple=True)  # row-major over (peer, point): sorted as wanted
+    near = points_near_boxes(points, lo[peers], hi[peers], r2[peers])  # (peers, N_local)
+    slot, local = near.nonzero(as_tuple=True)  # row-major over (peer, point): sorted as wanted
     return peers[slot], local
 
 
@@ -152,15 +148,16 @@ def _keep_mask(
     queries = queries.to(candidates.device)
     dim = queries.shape[1]
     boxes = torch.stack([_query_box(part, 0.0) for part in candidates.split(list(segments)) if part.shape[0]])
-    near = _box_d2(queries, boxes[:, :dim], boxes[:, dim : 2 * dim])
-    bound = r2[:, None] if isinstance(r2, torch.Tensor) else r2
-    rows = (near <= bound).any(1).nonzero().flatten()
+    lo, hi = boxes[:, :dim], boxes[:, dim : 2 * dim]
+    if isinstance(r2, torch.Tensor):
+        near = (_box_d2(queries, lo, hi) <= r2[:, None]).any(1)
+    else:
+        near = points_near_boxes(queries, lo, hi, torch.full((boxes.shape[0],), r2, dtype=torch.float64)).any(0)
+    rows = near.nonzero().flatten()
     if rows.numel() == 0:
         return keep
     r2_rows = r2.index_select(0, rows) if isinstance(r2, torch.Tensor) else r2
-    _, pj, _ = radius_pairs(candidates, queries.index_select(0, rows), r2_rows, backend=backend)
-    keep[pj] = True
-    return keep
+    return points_within(candidates, queries.index_select(0, rows), r2_rows, backend=backend)
 
 
 def _segment_sums(mask: torch.Tensor, counts: Sequence[int]) -> list[int]:
@@ -623,4 +620,4 @@ def simulate_halo(
 
 # Last, not at the top: importing ``ops._kernels`` runs ``meshshard.ops``, whose ``neighbors`` imports
 # this module's names; they exist by now, so ``import meshshard.halo`` works before ``meshshard.ops``.
-from .ops._kernels import radius_pairs, sq_dist  # noqa: E402
+from .ops._kernels import points_near_boxes, points_within, sq_dist  # noqa: E402

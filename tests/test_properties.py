@@ -154,6 +154,14 @@ def _neighbour_checks(n, m, seed, method, radius, k):
     got = knn(points, queries, k).global_index().tolist()
     if got != _brute_force(full, qfull[lo:hi], None, k):
         bad.append("knn")
+    # ids = each point's row in the unpartitioned cloud: the answer is the cloud's own, for any layout
+    ids = ms.scatter(torch.arange(cloud.shape[0]), lay, mesh)
+    got = ball_query(points, queries, radius, k, ids=ids).global_ids().tolist()
+    if got != _brute_force(cloud, qfull[lo:hi], radius, k):
+        bad.append("ball_query ids")
+    got = knn(points, queries, k, ids=ids).global_ids().tolist()
+    if got != _brute_force(cloud, qfull[lo:hi], None, k):
+        bad.append("knn ids")
     return bad
 
 

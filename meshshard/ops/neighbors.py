@@ -4,14 +4,21 @@ Semantics (the same for every world size, partition and kernel backend)
 -----------------------------------------------------------------------
 * Distances are Euclidean, computed as float64 squared distances from the given coordinates with
   one fixed formula; the ball is **closed**: a point at distance exactly ``radius`` is a neighbour.
-* Within a row, neighbours are ordered by distance, ties by smaller **global index** (position in
-  ``points.full_tensor()``); truncation to ``max_neighbors`` keeps the first ones, i.e. the nearest.
+* Within a row, neighbours are ordered by distance, ties by smaller **id**; truncation to
+  ``max_neighbors`` keeps the first ones, i.e. the nearest. The ids are the ``ids=`` argument
+  (e.g. each point's row in the original, unpartitioned cloud) or, by default, the **global
+  index** (position in ``points.full_tensor()``).
 * ``knn`` returns the ``k`` first points of that order over all points (fewer when there are fewer
   than ``k`` points in total).
 
 So a sharded result, mapped with :meth:`Neighbors.global_index`, equals the single-process result
 on the gathered points, unlike torch-cluster (traversal-order truncation) or a ring-based ball
-query (rank-order truncation).
+query (rank-order truncation). With ``ids=`` the neighbour *sets* and their order, seen through
+:meth:`Neighbors.global_ids`, are the same for every partition and world size, even when many
+points are exactly equidistant (an integer lattice).
+
+The local kernel is the fused grid kernel of :mod:`meshshard.ops._kernels._fused` (numba; CPU and
+CUDA) by default; ``backend=`` selects another one with identical results.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class Neighbors:
         Euclidean distances in the points' dtype, ``inf`` padded (when requested).
     query_spec : ShardSpec or None
         Sharding of the queries (``None`` on plain tensors): lets layers return ShardTensors.
+    point_ids : LongTensor ``(N_local + N_ghost,)`` or None
+        The ``ids=`` of every row of the extended tensor (``None`` when no ids were given).
     """
 
     index: torch.Tensor
@@ -52,6 +61,7 @@ class Neighbors:
     plan: HaloPlan
     distances: torch.Tensor | None = None
     query_spec: ShardSpec | None = field(default=None, repr=False)
+    point_ids: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def num_queries(self) -> int:
@@ -64,6 +74,18 @@ class Neighbors:
     def global_index(self) -> torch.Tensor:
         """``(M_local, K)`` positions in ``points.full_tensor()``, ``-1`` padded, same order as ``index``."""
         return self.plan.to_global(self.index)
+
+    def global_ids(self) -> torch.Tensor:
+        """``(M_local, K)`` ids (the ``ids=`` given to the search) of the neighbours, ``-1`` padded.
+
+        Without ``ids=`` this is :meth:`global_index`. With them it does not depend on the
+        partition: compare results of different partitions or world sizes through it.
+        """
+        if self.point_ids is None:
+            return self.global_index()
+        table = self.point_ids.to(self.index.device)
+        table = torch.cat([table, table.new_full((1,), -1)])
+        return table[torch.where(self.index >= 0, self.index, table.shape[0] - 1)]
 
     def to_edge_index(self, global_index: bool = False) -> torch.Tensor:
         """PyG ``edge_index`` ``(2, E)``: row 0 the neighbour (source), row 1 the query (target).
@@ -131,6 +153,41 @@ def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Te
     return points, queries, False
 
 
+def _check_ids(ids: object, points: torch.Tensor) -> torch.Tensor | None:
+    """The local ``(N_local,)`` int64 ids, checked against ``points`` from metadata only."""
+    if ids is None:
+        return None
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be a torch.Tensor or ShardTensor of point ids (got {type(ids).__name__})")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"ids must hold integers (got {ids.dtype})")
+    if isinstance(points, ShardTensor) != isinstance(ids, ShardTensor):
+        raise TypeError(
+            "ids must be sharded like the points: both ShardTensors or both plain tensors "
+            f"(got {type(points).__name__} points and {type(ids).__name__} ids)"
+        )
+    if isinstance(ids, ShardTensor):
+        if ids.shard_dim != 0 or ids.to_local().dim() != 1 or ids.sharding_sizes != points.sharding_sizes:
+            raise ValueError(
+                "ids must be a 1-d ShardTensor with the points' sharding sizes "
+                f"{points.sharding_sizes} (got sizes {ids.sharding_sizes} and shape {tuple(ids.global_shape)})"
+            )
+    elif ids.dim() != 1 or ids.shape[0] != points.shape[0]:
+        raise ValueError(f"ids must have shape ({points.shape[0]},), one per point (got {tuple(ids.shape)})")
+    return _local(ids).to(points.device, torch.long)
+
+
+def _extended_ids(
+    local_ids: torch.Tensor | None, points: torch.Tensor, plan: HaloPlan
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(tie-break ids of [owned; ghosts] for the kernel, ids kept in Neighbors)``."""
+    if local_ids is None:
+        gidx = plan.extended_global_index.to(points.device) if plan.group is not None else None
+        return gidx, None
+    ext = plan.exchange(local_ids) if plan.group is not None else local_ids
+    return ext, ext
+
+
 def _local(x: torch.Tensor) -> torch.Tensor:
     return (x.to_local() if isinstance(x, ShardTensor) else x).detach()
 
@@ -143,10 +200,13 @@ def _finish(
     queries: torch.Tensor,
     dtype: torch.dtype,
     return_distances: bool,
+    point_ids: torch.Tensor | None,
 ) -> Neighbors:
     distances = dist2.sqrt().to(dtype) if return_distances else None
     spec = queries.spec if isinstance(queries, ShardTensor) else None
-    return Neighbors(index=index, count=count, plan=plan, distances=distances, query_spec=spec)
+    return Neighbors(
+        index=index, count=count, plan=plan, distances=distances, query_spec=spec, point_ids=point_ids
+    )
 
 
 # -- ops ---------------------------------------------------------------------------------------------
@@ -160,11 +220,13 @@ def ball_query(
     backend: str | None = None,
     plan: HaloPlan | None = None,
     regions: torch.Tensor | None = None,
+    ids: ShardTensor | torch.Tensor | None = None,
 ) -> Neighbors:
     r"""All points within ``radius`` of each query (closed ball), nearest ``max_neighbors`` first.
 
     For query :math:`q` the result is :math:`\{p : \|p - q\| \le r\}` sorted by distance, ties by
-    global index, truncated to ``max_neighbors``. Identical for every world size and partition.
+    id (``ids``, default the global index), truncated to ``max_neighbors``. Identical for every
+    world size and partition.
 
     Parameters
     ----------
@@ -182,13 +244,19 @@ def ball_query(
     return_distances:
         Also fill :attr:`Neighbors.distances`.
     backend:
-        Local kernel: ``"scipy"`` (CPU default), ``"grid"`` (torch cell list; CUDA default) or
+        Local kernel: ``"numba"`` (the fused grid kernel, CPU and CUDA; the default when numba is
+        installed), ``"scipy"`` (k-d tree), ``"grid"`` (pure-torch cell list) or
         ``"torch_cluster"``; all give identical results.
     plan:
         Reuse a plan built for these points and queries with a radius ``>= radius`` (no
         communication at all then).
     regions:
         ``(P, 2, D)`` boxes containing each rank's queries: saves the plan's all-gather.
+    ids:
+        ``(N_local,)`` integer ids of the points, unique over all ranks, sharded like the points
+        (e.g. ``ms.scatter(torch.arange(N), part, mesh)``: each point's row in the original
+        cloud). Equidistant points are ordered by them, so :meth:`Neighbors.global_ids` is the
+        same for every partition. Default: the global index.
 
     Returns
     -------
@@ -198,7 +266,8 @@ def ball_query(
 
     **Communication:** building the plan (see :meth:`HaloPlan.build`): one small ``all_gather``
     and three ``all_to_all`` (counts, candidate coordinates in float64, keep mask). The query
-    itself is local. Nothing on plain tensors or with a given ``plan``.
+    itself is local. With ``ids`` on a ShardTensor: one more ``all_to_all`` (the ghosts' ids,
+    int64, :meth:`HaloPlan.exchange`). Nothing else on plain tensors or with a given ``plan``.
 
     Examples
     --------
@@ -212,9 +281,13 @@ def ball_query(
     radius = check_radius(radius)
     max_neighbors = _check_count(max_neighbors, "max_neighbors")
     backend = check_backend(backend, points.device)
+    local_ids = _check_ids(ids, points)
     local_points, local_queries = _local(points), _local(queries)
     if plan is None:
-        plan = HaloPlan.build(points, radius, None if self_query else queries, regions=regions, backend=backend)
+        # coordinates and radius are checked above: skip build()'s second pass over the values
+        plan = HaloPlan._build(
+            points, None if self_query else queries, radius * radius, regions=regions, backend=backend
+        )
     else:
         if not isinstance(plan, HaloPlan):
             raise TypeError(f"plan must be a HaloPlan (got {type(plan).__name__})")
@@ -226,7 +299,7 @@ def ball_query(
     ext_points = (
         torch.cat([local_points, plan.ghost_points.to(local_points.device)]) if plan.num_ghosts else local_points
     )
-    gidx = plan.extended_global_index.to(points.device) if plan.group is not None else None
+    gidx, kept_ids = _extended_ids(local_ids, points, plan)
     index, count, dist2 = nearest_neighbors(
         ext_points,
         local_queries,
@@ -236,7 +309,7 @@ def ball_query(
         backend=backend,
         queries_are_prefix=self_query,
     )
-    return _finish(index, count, dist2, plan, queries, points.dtype, return_distances)
+    return _finish(index, count, dist2, plan, queries, points.dtype, return_distances, kept_ids)
 
 
 def knn(
@@ -246,8 +319,9 @@ def knn(
     *,
     return_distances: bool = False,
     backend: str | None = None,
+    ids: ShardTensor | torch.Tensor | None = None,
 ) -> Neighbors:
-    """The ``k`` nearest points of each query, exactly (ties by global index), on any partition.
+    """The ``k`` nearest points of each query, exactly (ties by id), on any partition.
 
     Parameters
     ----------
@@ -255,7 +329,7 @@ def knn(
         As in :func:`ball_query` (``queries=None``: the points; each point is its own nearest).
     k:
         ``k >= 1``; rows have fewer valid entries only when there are fewer than ``k`` points.
-    return_distances, backend:
+    return_distances, backend, ids:
         As in :func:`ball_query`.
 
     Returns
@@ -269,20 +343,21 @@ def knn(
     second pass over ``[owned; ghosts]`` selects them.
 
     **Communication:** one halo plan with per-query radii (one small ``all_gather``, three
-    ``all_to_all``); nothing on plain tensors. A rank that owns fewer than ``k`` points receives
-    every point.
+    ``all_to_all``), plus one ``all_to_all`` of the ghosts' ids with ``ids``; nothing on plain
+    tensors. A rank that owns fewer than ``k`` points receives every point.
     """
     points, queries, self_query = _check_pair(points, queries)
     k = _check_count(k, "k")
     backend = check_backend(backend, points.device)
+    local_ids = _check_ids(ids, points)
     local_points, local_queries = _local(points), _local(queries)
     if isinstance(points, ShardTensor):
         bound = knn_bound(local_points, local_queries, k, backend=backend, strict=True)
         plan = HaloPlan._build(points, None if self_query else queries, bound, backend=backend)
         ext_points = torch.cat([local_points, plan.ghost_points.to(local_points.device)])
-        gidx = plan.extended_global_index.to(points.device)
     else:
         plan = HaloPlan._build(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)
-        ext_points, gidx = local_points, None
+        ext_points = local_points
+    gidx, kept_ids = _extended_ids(local_ids, points, plan)
     index, count, dist2 = nearest_neighbors(ext_points, local_queries, k, point_gidx=gidx, backend=backend)
-    return _finish(index, count, dist2, plan, queries, points.dtype, return_distances)
+    return _finish(index, count, dist2, plan, queries, points.dtype, return_distances, kept_ids)

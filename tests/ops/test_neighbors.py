@@ -12,16 +12,19 @@ from hypothesis import strategies as st
 import meshshard as ms
 from meshshard.errors import ShardingError
 from meshshard.ops import Neighbors, ball_query, knn
-from meshshard.ops._kernels import radius_pairs, torch_cluster_available
+from meshshard.ops._kernels import points_within, radius_pairs, torch_cluster_available
 from meshshard.partition import partition
 from meshshard.testing import run_distributed
 
-BACKENDS = ["scipy", "grid"] + (["torch_cluster"] if torch_cluster_available() else [])
+BACKENDS = ["numba", "scipy", "grid"] + (["torch_cluster"] if torch_cluster_available() else [])
 
 
 # -- reference: brute force on the gathered points ----------------------------------------------------
-def reference(points, queries, radius=None, k=None):
-    """(M, K) global indices, -1 padded: float64 distances summed x, y, z; sorted (d2, index)."""
+def reference(points, queries, radius=None, k=None, ids=None):
+    """(M, K) global indices, -1 padded: float64 distances summed x, y, z; sorted (d2, id).
+
+    ``ids`` (default: the index) break ties; the result holds indices, not ids.
+    """
     p = np.asarray(points, dtype=np.float64)
     q = np.asarray(queries, dtype=np.float64)
     diff = q[:, None, :] - p[None, :, :]
@@ -32,7 +35,7 @@ def reference(points, queries, radius=None, k=None):
     width = k if k is not None else None
     rows = []
     for i in range(q.shape[0]):
-        order = np.lexsort((np.arange(p.shape[0]), d2[i]))
+        order = np.lexsort((np.arange(p.shape[0]) if ids is None else np.asarray(ids), d2[i]))
         if radius is not None:
             order = order[d2[i][order] <= radius * radius]
         rows.append(order)
@@ -101,7 +104,7 @@ def test_backends_match_reference(backend):
     assert knn(pts, q, 9, backend=backend).index.tolist() == reference(pts, q, k=9).tolist()
 
 
-@pytest.mark.parametrize("backend", ["scipy", "grid"])
+@pytest.mark.parametrize("backend", ["numba", "scipy", "grid"])
 def test_random_cloud_matches_reference(backend):
     # Generic float coordinates (few exact ties): exercises the fast paths rather than the tie fix-ups.
     g = torch.Generator().manual_seed(11)
@@ -140,23 +143,80 @@ def test_grid_kernel_chunks_agree():
     assert pairs(whole) == pairs(parts)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 60),
     m=st.integers(0, 20),
     seed=st.integers(0, 10_000),
     radius=st.sampled_from([0.25, 0.5, 0.8, 2.0]),
     k=st.integers(1, 12),
-    dim=st.sampled_from([2, 3]),
+    dim=st.sampled_from([1, 2, 3]),
+    shuffled_ids=st.booleans(),
 )
-def test_property_matches_brute_force(n, m, seed, radius, k, dim):
+def test_property_matches_brute_force(n, m, seed, radius, k, dim, shuffled_ids):
+    # lattice points (every distance tied many times) with duplicates; ties broken by ids
     pts = grid_cloud(n, seed, dim=dim, span=5)
     q = grid_cloud(m, seed + 1, dim=dim, span=5) if m else pts[:0]
-    expected = reference(pts, q, radius=radius, k=k).tolist()
-    for backend in ("scipy", "grid"):
-        assert ball_query(pts, q, radius, k, backend=backend).index.tolist() == expected
-    if m:
-        assert knn(pts, q, k).index.tolist() == reference(pts, q, k=k).tolist()
+    ids = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) * 3 + 7 if shuffled_ids else None
+    expected = reference(pts, q, radius=radius, k=k, ids=ids).tolist()
+    expected_knn = reference(pts, q, k=k, ids=ids).tolist()
+    expected_self = reference(pts, pts, radius=radius, k=k, ids=ids).tolist()
+    for backend in BACKENDS:
+        assert ball_query(pts, q, radius, k, backend=backend, ids=ids).index.tolist() == expected, backend
+        assert ball_query(pts, None, radius, k, backend=backend, ids=ids).index.tolist() == expected_self, backend
+        if m:
+            assert knn(pts, q, k, backend=backend, ids=ids).index.tolist() == expected_knn, backend
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(1, 80),
+    m=st.integers(1, 30),
+    seed=st.integers(0, 10_000),
+    dim=st.sampled_from([2, 3]),
+)
+def test_points_within_matches_brute_force(n, m, seed, dim):
+    pts, q = grid_cloud(n, seed, dim=dim, span=6), grid_cloud(m, seed + 1, dim=dim, span=6)
+    g = torch.Generator().manual_seed(seed)
+    r2 = (torch.randint(0, 5, (m,), generator=g).double() * 0.25) ** 2  # radii on the lattice: exact ties
+    d2 = ((q[:, None, :].double() - pts[None, :, :].double()) ** 2).sum(-1)
+    want = (d2 <= r2[:, None]).any(0)
+    for backend in BACKENDS:
+        assert torch.equal(points_within(pts, q, r2, backend=backend), want), backend
+        assert torch.equal(points_within(pts, q, 0.5**2, backend=backend), (d2 <= 0.25).any(0)), backend
+
+
+def test_numba_high_dimension_falls_back_exactly():
+    g = torch.Generator().manual_seed(3)
+    pts, q = torch.randint(0, 4, (120, 5), generator=g).float(), torch.randint(0, 4, (20, 5), generator=g).float()
+    got = ball_query(pts, q, 1.5, 9, backend="numba")
+    assert got.index.tolist() == reference(pts, q, radius=1.5, k=9).tolist()
+    assert knn(pts, q, 4, backend="numba").index.tolist() == reference(pts, q, k=4).tolist()
+
+
+def test_ids_order_ties_and_global_ids():
+    pts = torch.tensor([[0.0], [1.0], [-1.0], [1.0]])
+    ids = torch.tensor([40, 30, 20, 10])
+    nbr = ball_query(pts, pts[:1], 1.0, 3, ids=ids)
+    assert nbr.index.tolist() == [[0, 3, 2]]  # d 0, then the three at d 1 by id: 10, 20 (30 cut)
+    assert nbr.global_ids().tolist() == [[40, 10, 20]]
+    assert knn(pts, pts[:1], 2, ids=ids).global_ids().tolist() == [[40, 10]]
+    assert ball_query(pts, pts[:1], 1.0, 3).global_ids().tolist() == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("ids", "error", "match"),
+    [
+        (torch.arange(3), ValueError, r"ids must have shape \(4,\), one per point \(got \(3,\)\)"),
+        (torch.zeros(4), TypeError, r"ids must hold integers \(got torch.float32\)"),
+        ([0, 1, 2, 3], TypeError, r"ids must be a torch.Tensor or ShardTensor of point ids \(got list\)"),
+    ],
+)
+def test_bad_ids(ids, error, match):
+    with pytest.raises(error, match=match):
+        ball_query(torch.zeros(4, 3), None, 1.0, 2, ids=ids)
+    with pytest.raises(error, match=match):
+        knn(torch.zeros(4, 3), None, 2, ids=ids)
 
 
 def test_radius_pairs_per_query_radii():
@@ -263,6 +323,73 @@ def _check_cases(cases):
 def test_sharded_equals_single_process(world_size):
     results = run_distributed(_check_cases, world_size, CASES)
     assert results == [[]] * world_size
+
+
+IDS_CASES = [
+    # (seed, partition method, radius, k, self_query): a lattice with duplicates, so that many
+    # neighbours tie exactly at the truncation boundary
+    (10, "rcb", 0.25, 5, True),
+    (11, "hilbert", 0.5, 9, True),
+    (12, "morton", 0.25, 3, False),
+    (13, "rcb", 0.75, 14, False),
+]
+
+
+def _ids_invariance(cases):
+    mesh = ms.init_mesh()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    failures = []
+    for seed, method, radius, k, self_query in cases:
+        cloud = grid_cloud(220, seed, span=5)
+        part = partition(cloud, world, method=method)
+        points = ms.scatter(cloud, part, mesh)
+        ids = ms.scatter(torch.arange(cloud.shape[0]), part, mesh)  # each point's row in the cloud
+        if self_query:
+            queries, qrows = points, part.perm
+        else:
+            qcloud = grid_cloud(70, seed + 50, span=5)
+            qpart = partition(qcloud, world, method="hilbert" if method != "hilbert" else "rcb")
+            queries, qrows = ms.scatter(qcloud, qpart, mesh), qpart.perm
+        qlocal = (cloud if self_query else qcloud)[qrows[queries.offsets[rank] : queries.offsets[rank + 1]]]
+        with ms.CommCounter() as cc:
+            nbr = ball_query(points, queries, radius, k, ids=ids)
+        # the reference runs on the unpartitioned cloud: its index is the id
+        if nbr.global_ids().tolist() != reference(cloud, qlocal, radius=radius, k=k).tolist():
+            failures.append(("ball_query", seed, method))
+        if cc.counts["all_to_all"] != (4 if world > 1 else 0):
+            failures.append(("collectives", seed, dict(cc.counts)))
+        got = knn(points, queries, k, ids=ids).global_ids()
+        if got.tolist() != reference(cloud, qlocal, k=k).tolist():
+            failures.append(("knn", seed, method))
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ids_make_ties_partition_invariant(world_size):
+    results = run_distributed(_ids_invariance, world_size, IDS_CASES)
+    assert results == [[]] * world_size
+
+
+def _bad_sharded_ids():
+    mesh = ms.init_mesh()
+    world = dist.get_world_size()
+    pts = ms.ShardTensor.from_local(torch.zeros(3, 3), mesh, sizes=[3] * world)
+    ids = ms.ShardTensor.from_local(torch.arange(2), mesh, sizes=[2] * world)
+    msgs = []
+    for bad in (ids, torch.arange(3)):
+        try:
+            ball_query(pts, None, 1.0, 2, ids=bad)
+        except (TypeError, ValueError) as e:
+            msgs.append(str(e))
+    return msgs
+
+
+def test_bad_sharded_ids_raise_on_every_rank():
+    results = run_distributed(_bad_sharded_ids, 2)
+    for msgs in results:
+        assert len(msgs) == 2
+        assert "ids must be a 1-d ShardTensor with the points' sharding sizes (3, 3)" in msgs[0]
+        assert "both ShardTensors or both plain tensors" in msgs[1]
 
 
 def _mesh_errors():

@@ -1,10 +1,13 @@
 """Local neighbour-search kernels behind one interface, with identical results on every backend.
 
-Backends only propose candidate pairs; :func:`radius_pairs` then decides ``d2 <= r2`` with one
-float64 formula (:func:`~._common.sq_dist`), so ``"scipy"`` (CPU default: ``cKDTree`` dual-tree
-traversal), ``"grid"`` (pure-torch cell list; the default on CUDA, runs on CPU too) and
-``"torch_cluster"`` (optional) return the same pairs, and :func:`~._common.select_rows` orders and
-truncates them the same way (distance, then global index).
+``"numba"`` (the CPU default when numba is installed; on CUDA through ``numba.cuda``, opt-in) is the
+fused kernel of :mod:`._fused`: per query a grid walk and a bounded heap ordered by (exact float64
+distance, id), writing the ``(M, K)`` result directly, never a list of pairs. The other backends
+only propose candidate pairs; :func:`radius_pairs` then decides ``d2 <= r2`` with the same float64
+formula (:func:`~._common.sq_dist`), so ``"scipy"`` (``cKDTree`` dual-tree traversal), ``"grid"``
+(pure-torch cell list, runs on any device) and ``"torch_cluster"`` (optional) return the same
+pairs, and :func:`~._common.select_rows` orders and truncates them the same way (distance, then
+id). The fused kernel handles ``D <= 3``; higher dimensions use ``"scipy"`` (CPU) or ``"grid"``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 
 from ._common import pair_d2, select_rows, sq_dist
 from ._grid import grid_radius_candidates
+from ._numba import available as numba_available
+from ._numba import fused_mark, fused_nearest
 from ._scipy import scipy_knn_candidates, scipy_query, scipy_radius_candidates, scipy_tree
 from ._torch_cluster import available as torch_cluster_available
 from ._torch_cluster import cluster_radius_candidates
@@ -24,6 +29,9 @@ __all__ = [
     "default_backend",
     "knn_bound",
     "nearest_neighbors",
+    "numba_available",
+    "points_near_boxes",
+    "points_within",
     "pair_d2",
     "radius_pairs",
     "select_rows",
@@ -31,7 +39,9 @@ __all__ = [
     "torch_cluster_available",
 ]
 
-BACKENDS = ("scipy", "grid", "torch_cluster")
+BACKENDS = ("numba", "scipy", "grid", "torch_cluster")
+#: Largest dimension the fused kernel handles (coordinates are padded to 3).
+_FUSED_MAX_DIM = 3
 
 #: Elements of a brute-force distance block in :func:`knn_bound` on the torch path.
 _BRUTE_BLOCK = 1 << 23
@@ -43,8 +53,25 @@ _NO_INDEX = torch.iinfo(torch.long).max
 
 
 def default_backend(device: torch.device) -> str:
-    """``"scipy"`` for CPU tensors, ``"grid"`` otherwise."""
+    """``"numba"`` on CPU when numba is installed (else ``"scipy"``), ``"grid"`` on other devices.
+
+    The CUDA build of the fused kernel (``backend="numba"`` on CUDA tensors) is opt-in until it has
+    run on a GPU: its logic is tested under numba's CUDA simulator only.
+    """
+    if torch.device(device).type == "cpu":
+        return "numba" if numba_available() else "scipy"
+    return "grid"
+
+
+def _pair_backend(backend: str, device: torch.device) -> str:
+    """The candidate-pair backend standing in for ``"numba"`` where pairs are wanted."""
+    if backend != "numba":
+        return backend
     return "scipy" if torch.device(device).type == "cpu" else "grid"
+
+
+def _use_fused(backend: str, dim: int) -> bool:
+    return backend == "numba" and dim <= _FUSED_MAX_DIM
 
 
 def check_backend(backend: str | None, device: torch.device) -> str:
@@ -79,7 +106,8 @@ def radius_pairs(
     r2:
         Squared radius: a finite float, or ``(M,)`` float64 per query.
     backend:
-        ``"scipy"``, ``"grid"`` or ``"torch_cluster"`` (default by device).
+        ``"scipy"``, ``"grid"`` or ``"torch_cluster"`` (default by device; ``"numba"``, which
+    makes no pair list, stands for ``"scipy"`` on CPU and ``"grid"`` elsewhere).
     queries_are_prefix:
         The queries are ``points[:M]`` (lets the scipy backend use its one-tree ``query_pairs``).
 
@@ -89,7 +117,7 @@ def radius_pairs(
         ``(E,)`` query rows, point rows and float64 squared distances, in no particular order.
     """
     device = points.device
-    backend = check_backend(backend, device)
+    backend = _pair_backend(check_backend(backend, device), device)
     if points.shape[0] == 0 or queries.shape[0] == 0:
         return _empty(device)
     if backend == "scipy" and queries_are_prefix and not isinstance(r2, torch.Tensor):
@@ -113,6 +141,57 @@ def radius_pairs(
     if len(out_q) == 1:
         return out_q[0], out_p[0], out_d[0]
     return torch.cat(out_q), torch.cat(out_p), torch.cat(out_d)
+
+
+def points_within(
+    points: torch.Tensor, queries: torch.Tensor, r2: float | torch.Tensor, *, backend: str | None = None
+) -> torch.Tensor:
+    """``(N,)`` bool: which points lie within ``r2`` (closed) of at least one query, exactly.
+
+    ``r2`` is a finite float or ``(M,)`` finite float64 per query. The fused backend flags the
+    points during its grid walk (no pair list); the others reduce :func:`radius_pairs`.
+    """
+    device = points.device
+    backend = check_backend(backend, device)
+    keep = torch.zeros(points.shape[0], dtype=torch.bool, device=device)
+    if points.shape[0] == 0 or queries.shape[0] == 0:
+        return keep
+    if _use_fused(backend, points.shape[1]):
+        return fused_mark(points, queries, r2).to(device)
+    _, pj, _ = radius_pairs(points, queries, r2, backend=backend)
+    keep[pj] = True
+    return keep
+
+
+def points_near_boxes(points: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """``(B, N)`` bool: point ``n`` lies within ``r2[b]`` of the box ``[lo[b], hi[b]]`` (closed).
+
+    The squared gap is summed in axis order like :func:`sq_dist`, so every backend decides alike:
+    numba on CPU (one pass), torch blocks elsewhere.
+
+    **Shapes:** ``points`` ``(N, D)``, ``lo``/``hi`` ``(B, D)``, ``r2`` ``(B,)`` -> ``(B, N)``.
+    """
+    device = points.device
+    p = points.detach().to(torch.float64).contiguous()
+    lo, hi, r2 = (t.to(device, torch.float64).contiguous() for t in (lo, hi, r2))
+    if device.type == "cpu" and numba_available():
+        from ._fused import near_boxes
+
+        out = torch.empty((lo.shape[0], p.shape[0]), dtype=torch.bool)
+        near_boxes(p.numpy(), lo.numpy(), hi.numpy(), r2.numpy(), out.numpy())
+        return out
+    return _points_near_boxes_torch(p, lo, hi, r2)
+
+
+def _points_near_boxes_torch(p: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    device = p.device
+    step = max(1, _BRUTE_BLOCK // max(lo.shape[0] * p.shape[1], 1))
+    parts = []
+    for a in range(0, p.shape[0], step):
+        x = p[a : a + step, None, :]
+        gap = torch.clamp(torch.maximum(lo[None] - x, x - hi[None]), min=0.0)  # (n, B, D)
+        parts.append((sq_dist(gap, torch.zeros_like(gap)) <= r2[None, :]).t())
+    return torch.cat(parts, 1) if parts else torch.zeros((lo.shape[0], 0), dtype=torch.bool, device=device)
 
 
 def _keep(ok: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -161,6 +240,9 @@ def knn_bound(
     if m == 0:
         return torch.zeros(0, dtype=torch.float64, device=device)
     backend = check_backend(backend, device)
+    if _use_fused(backend, points.shape[1]):
+        return fused_nearest(points, queries, k, None, None)[2][:, k - 1].to(device)
+    backend = _pair_backend(backend, device)
     if backend == "scipy":
         idx = scipy_knn_candidates(points, queries, k)
         return sq_dist(queries[:, None, :], points[idx]).max(1).values
@@ -209,15 +291,17 @@ def nearest_neighbors(
     """Per query, the first ``k`` points in (distance, global index) order, within ``r2`` if given.
 
     Exact on every backend: the result is what :func:`radius_pairs` followed by
-    :func:`select_rows` gives. ``r2=None`` is k nearest neighbours.
+    :func:`select_rows` gives. ``r2=None`` is k nearest neighbours. ``point_gidx`` are the ids that
+    order equidistant points (default: the row).
 
-    A ball (``r2`` given) collects all pairs (scipy: dual-tree traversal), then sorts them with
-    one composite-key sort. For kNN, the scipy backend avoids materialising all pairs:
-    ``cKDTree.query`` returns a few more than
-    ``k`` neighbours per query (multithreaded), rows are re-ordered with the exact float64 distance
-    and global index, and a row is accepted only if its ``k``-th exact distance is clearly below
-    the farthest one scipy returned (so no point left out can tie or beat it). The few other rows
-    (exact ties beyond the buffer, e.g. many duplicate points) are redone exactly with all pairs.
+    ``"numba"``: the fused kernel (:mod:`._fused`) computes the rows directly. Otherwise a ball
+    (``r2`` given) collects all pairs (scipy: dual-tree traversal), then sorts them with one
+    composite-key sort. For kNN, the scipy backend avoids materialising all pairs:
+    ``cKDTree.query`` returns a few more than ``k`` neighbours per query (multithreaded), rows are
+    re-ordered with the exact float64 distance and global index, and a row is accepted only if
+    its ``k``-th exact distance is clearly below the farthest one scipy returned (so no point left
+    out can tie or beat it). The few other rows (exact ties beyond the buffer, e.g. many duplicate
+    points) are redone exactly with all pairs.
 
     Returns ``(index, count, dist2)`` as :func:`select_rows`.
     """
@@ -230,6 +314,9 @@ def nearest_neighbors(
             torch.zeros(m, dtype=torch.long, device=device),
             torch.full((m, k), torch.inf, dtype=torch.float64, device=device),
         )
+    if _use_fused(backend, points.shape[1]):
+        return tuple(t.to(device) for t in fused_nearest(points, queries, k, r2, point_gidx))
+    backend = _pair_backend(backend, device)
     if backend != "scipy" or r2 is not None:
         bound = knn_bound(points, queries, k, backend=backend, strict=False) if r2 is None else r2
         qi, pj, d2 = radius_pairs(points, queries, bound, backend=backend, queries_are_prefix=queries_are_prefix)
