@@ -7,7 +7,8 @@
 A :class:`Partition` is a permutation (``perm``: new order -> original index) plus per-part
 ``sizes``; part ``r`` is ``perm[offsets[r]:offsets[r + 1]]``. Methods: ``"rcb"`` (recursive
 coordinate bisection, a k-d tree; the default), ``"morton"`` and ``"hilbert"`` (space-filling
-curves). :func:`quality` measures balance and ghost counts exactly.
+curves). :func:`quality` measures balance and ghost counts exactly. :func:`repartition` computes
+the same partition of a sharded ``ShardTensor`` cloud on its ranks, without gathering it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from ._mesh import MeshPartition, partition_mesh
 from ._partition import Partition
 from ._quality import neighbor_radius, quality, surface_to_volume_estimate
 
+
+def __getattr__(name: str):
+    # repartition needs the ShardTensor core; import it lazily so this package stays light.
+    if name == "repartition":
+        from ._repartition import repartition
+
+        return repartition
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "MeshPartition",
     "Partition",
@@ -24,5 +35,6 @@ __all__ = [
     "partition",
     "partition_mesh",
     "quality",
+    "repartition",
     "surface_to_volume_estimate",
 ]
