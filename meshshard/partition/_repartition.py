@@ -92,6 +92,7 @@ def repartition(
     weights: ShardTensor | None = None,
     *,
     axis_rule: str = "density",
+    num_parts: int | None = None,
 ) -> tuple[ShardTensor, ShardTensor]:
     r"""Partition a sharded point cloud over its ranks and move every point to its owner.
 
@@ -114,12 +115,17 @@ def repartition(
         ``(N,)`` non-negative per-point cost, sharded like ``x``.
     axis_rule : {"density", "longest"}
         How RCB picks its cut axis.
+    num_parts : int, optional
+        ``P`` (default: the number of ranks ``W``). With more parts than ranks, part ``p`` goes to
+        rank ``p * W // P`` (contiguous blocks) and each rank holds its parts one after the other:
+        ``ids.full_tensor()`` is still the serial ``perm`` of a ``P``-part partition.
 
     Returns
     -------
     points : ShardTensor
         ``(N, D)``: rank ``r`` holds the coordinates of part ``r`` in original order (the rows
-        ``perm[offsets[r]:offsets[r + 1]]`` of the serial partition).
+        ``perm[offsets[r]:offsets[r + 1]]`` of the serial partition; with ``num_parts``, its
+        block of parts).
     ids : ShardTensor
         ``(N,)`` int64, sharded like ``points``: each point's original index.
 
@@ -155,6 +161,24 @@ def repartition(
     >>> torch.equal(ids.full_tensor(), part.perm)        # doctest: +SKIP
     True
     """
+    points, ids, _, _ = _repartition(x, method, weights, axis_rule=axis_rule, num_parts=num_parts)
+    return points, ids
+
+
+def _repartition(
+    x: ShardTensor,
+    method: str = "rcb",
+    weights: ShardTensor | None = None,
+    *,
+    axis_rule: str = "density",
+    num_parts: int | None = None,
+    payload: torch.Tensor | None = None,
+) -> tuple[ShardTensor, ShardTensor, torch.Tensor | None, list[int]]:
+    """:func:`repartition`, also moving ``payload`` rows with their points, and returning part sizes.
+
+    ``payload``: ``(n_local, B)`` ``uint8`` rows (any per-point data as bytes) travelling in the
+    same ``all_to_all`` as the points. Returns ``(points, ids, payload rows, part sizes)``.
+    """
     if not isinstance(x, ShardTensor):
         raise TypeError(f"x must be a ShardTensor of coordinates (got {type(x).__name__})")
     if x.shard_dim != 0:
@@ -172,6 +196,10 @@ def repartition(
             )
     spec = x.spec
     group, rank, world = spec.group, spec.rank, spec.num_ranks
+    if num_parts is None:
+        num_parts = world
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts must be a positive int (got {num_parts!r})")
     local = x.to_local().detach()
     w_local = None if weights is None else weights.to_local().detach()
     _agree(_local_problem(local, w_local), group, rank)
@@ -194,8 +222,8 @@ def repartition(
         total = torch.tensor(float(num_points), dtype=_F64, device=device)
 
     # Cumulative targets built exactly as the serial partitioner builds them.
-    f = torch.full((world,), 1.0 / world, dtype=_F64, device=device)
-    cum_fractions = torch.zeros(world + 1, dtype=_F64, device=device)
+    f = torch.full((num_parts,), 1.0 / num_parts, dtype=_F64, device=device)
+    cum_fractions = torch.zeros(num_parts + 1, dtype=_F64, device=device)
     torch.cumsum(f, 0, out=cum_fractions[1:])
     cum_fractions[-1] = 1.0
 
@@ -206,7 +234,9 @@ def repartition(
         owner = rcb(local, w, cum_fractions, axis_rule=axis_rule, sharded=ops)[0]
     else:
         owner = _curve_owner(local, ids, w, total, cum_fractions, method, offsets, group, rank, world)
-    return _move(local, ids, owner, x, group, rank, world)
+    if payload is not None and (payload.dtype != torch.uint8 or payload.ndim != 2 or payload.shape[0] != n_local):
+        raise ValueError(f"payload must be ({n_local}, B) uint8 rows (got {payload.dtype} {tuple(payload.shape)})")
+    return _move(local, ids, owner, x, group, rank, world, num_parts, payload)
 
 
 # ----------------------------------------------------------------------------------------- RCB
@@ -436,7 +466,7 @@ def _curve_owner(
     bounds[-1] = num_points
     bounds = torch.cummax(bounds, 0).values
     positions = base_pos + torch.arange(m, device=device)
-    part = (torch.searchsorted(bounds, positions, side="right") - 1).clamp_(0, world - 1)
+    part = (torch.searchsorted(bounds, positions, side="right") - 1).clamp_(0, cum_fractions.numel() - 2)
 
     # Each part goes back to the rank that holds the point.
     offs = torch.tensor(offsets, dtype=torch.long, device=device)
@@ -457,28 +487,59 @@ def _bytes_as(columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _move(
-    local: torch.Tensor, ids: torch.Tensor, owner: torch.Tensor, x: ShardTensor, group: Any, rank: int, world: int
-) -> tuple[ShardTensor, ShardTensor]:
-    """One ``all_to_all`` of ``(coordinates, original index)`` rows to their owners, in original order."""
+    local: torch.Tensor,
+    ids: torch.Tensor,
+    owner: torch.Tensor,
+    x: ShardTensor,
+    group: Any,
+    rank: int,
+    world: int,
+    num_parts: int,
+    payload: torch.Tensor | None,
+) -> tuple[ShardTensor, ShardTensor, torch.Tensor | None, list[int]]:
+    """One ``all_to_all`` of ``(coordinates, original index[, part, payload])`` rows to their owners.
+
+    Part ``p`` lives on rank ``p * world // num_parts``; rows arrive ordered by (part, original index).
+    """
     device = local.device
-    order = torch.sort(owner, stable=True).indices  # ids ascend within each destination
-    send = torch.bincount(owner, minlength=world)
+    n = owner.numel()
+    dest = owner if num_parts == world else owner * world // num_parts
+    order = torch.sort(dest, stable=True).indices  # ids ascend within each destination
+    send = torch.bincount(dest, minlength=world)
     table = comm.all_gather(send, group)  # table[r, s]: rank r sends s
     recv = table[:, rank].tolist()
     sizes = table.sum(dim=0).tolist()
+    if num_parts == world:
+        part_sizes = sizes
+    else:
+        part_sizes = comm.all_reduce_(torch.bincount(owner, minlength=num_parts), group).tolist()
     dim = local.shape[1]
-    coord_bytes = local[order].contiguous().view(torch.uint8).reshape(order.numel(), dim * local.element_size())
-    id_bytes = ids[order].contiguous().view(torch.uint8).reshape(order.numel(), 8)
-    rows = torch.cat([coord_bytes, id_bytes], dim=1)
-    got = comm.all_to_all(rows, send.tolist(), recv, group)
+    blocks = [
+        local[order].contiguous().view(torch.uint8).reshape(n, dim * local.element_size()),
+        ids[order].contiguous().view(torch.uint8).reshape(n, 8),
+    ]
+    if num_parts != world:
+        blocks.append(owner[order].contiguous().view(torch.uint8).reshape(n, 8))
+    if payload is not None:
+        blocks.append(payload[order])
+    widths = [b.shape[1] for b in blocks]
+    got = comm.all_to_all(torch.cat(blocks, dim=1), send.tolist(), recv, group)
     # Chunks arrive in source-rank order and input chunks are contiguous: ids already ascend.
-    split = coord_bytes.shape[1]
-    points = _bytes_as(got[:, :split], local.dtype).reshape(-1, dim)
-    new_ids = _bytes_as(got[:, split:], torch.long).reshape(-1)
+    cols = torch.split(got, widths, dim=1)
+    points = _bytes_as(cols[0], local.dtype).reshape(-1, dim)
+    new_ids = _bytes_as(cols[1], torch.long).reshape(-1)
+    moved = cols[-1] if payload is not None else None
+    if num_parts != world:
+        parts = _bytes_as(cols[2], torch.long).reshape(-1)
+        by_part = torch.sort(parts, stable=True).indices  # (part, original index)
+        points, new_ids = points[by_part], new_ids[by_part]
+        moved = None if moved is None else moved[by_part]
     if points.device != device:
         points, new_ids = points.to(device), new_ids.to(device)
     mesh, mesh_dim = x.spec.mesh, x.spec.mesh_dim
     return (
         ShardTensor.from_local(points, mesh, sizes=sizes, mesh_dim=mesh_dim),
         ShardTensor.from_local(new_ids, mesh, sizes=sizes, mesh_dim=mesh_dim),
+        moved,
+        part_sizes,
     )

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import meshshard as ms
 from meshshard.partition import partition
-from meshshard.partition._repartition import GATHER_LIMIT
+from meshshard.partition._repartition import GATHER_LIMIT, _repartition
 from meshshard.testing import run_distributed
 
 METHODS = ("rcb", "rcb-longest", "morton", "hilbert")
@@ -171,3 +171,35 @@ def test_repartition_bad_input_raises_on_every_rank(kind):
 def test_repartition_type_errors():
     with pytest.raises(TypeError, match="ShardTensor"):
         ms.partition.repartition(torch.zeros(3, 3))
+
+
+def _more_parts(num_parts: int) -> list[bool]:
+    mesh = ms.init_mesh()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pts = torch.rand(500, 3, generator=torch.Generator().manual_seed(num_parts), dtype=torch.float64)
+    sizes = [500, 0] if world == 2 else [500]
+    lo = sum(sizes[:rank])
+    x = ms.ShardTensor.from_local(pts[lo : lo + sizes[rank]].clone(), mesh, sizes=sizes)
+    ok = []
+    for method in ("rcb", "morton", "hilbert"):
+        ref = partition(pts, num_parts, method=method)
+        payload = (torch.arange(sizes[rank]) + lo).view(torch.uint8).reshape(-1, 8) if sizes[rank] else None
+        if payload is None:
+            payload = torch.zeros((0, 8), dtype=torch.uint8)
+        points, ids, moved, part_sizes = _repartition(x, method, num_parts=num_parts, payload=payload)
+        rank_of = [p * world // num_parts for p in range(num_parts)]
+        blocks = [sum(int(ref.sizes[p]) for p in range(num_parts) if rank_of[p] == r) for r in range(world)]
+        ok.append(
+            torch.equal(ids.full_tensor(), ref.perm)
+            and part_sizes == ref.sizes.tolist()
+            and list(ids.sharding_sizes) == blocks
+            and torch.equal(moved.clone().view(torch.long).reshape(-1), ids.to_local())
+            and torch.equal(points.to_local(), pts[ids.to_local()])
+        )
+    return ok
+
+
+@pytest.mark.parametrize(("world_size", "num_parts"), [(1, 4), (2, 5), (2, 8)])
+def test_repartition_more_parts_than_ranks_and_payload(world_size, num_parts):
+    for ok in run_distributed(_more_parts, world_size, num_parts):
+        assert all(ok)
