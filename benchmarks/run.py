@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("partition", "neighbors", "transolver", "dispatch", "preprocess", "io")
+BENCHMARKS = ("partition", "neighbors", "transolver", "dispatch", "preprocess", "io", "scale")
 
 
 def _load(name: str):
