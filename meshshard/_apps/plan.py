@@ -244,8 +244,6 @@ def plan(
         raise SystemExit(f"meshshard plan: --parts must be positive (got {parts})")
     if kind not in _DIMENSION:
         raise SystemExit(f"meshshard plan: --kind must be surface or volume (got {kind!r})")
-    if sample < 4 * max(parts, 64):
-        raise SystemExit(f"meshshard plan: --sample must be at least 4 * max(parts, 64) = {4 * max(parts, 64)}")
     say = _Progress(progress)
     loaded = None if data is None else _load(data)
     n = int(num_points) if loaded is None else int(loaded.shape[0])
@@ -275,6 +273,11 @@ def plan(
     else:
         n2 = sample
         n1 = sample // 4
+        if n1 < 64 * parts:
+            raise SystemExit(
+                f"meshshard plan: an estimate needs --sample >= 256 * parts = {256 * parts:,} (64 points per part "
+                f"in the smaller sample; got --sample {sample:,})"
+            )
         say(f"estimated plan: {n:,} {what} into {parts} parts; exact on samples of {n1:,} and {n2:,}")
         if loaded is None:
             points = car_cloud(n2, kind, seed)

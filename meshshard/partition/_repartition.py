@@ -144,7 +144,8 @@ def repartition(
     **Communication**: ``2`` ``all_gather`` (bad-input flags; the final send sizes), and with
     weights ``2`` ``all_reduce`` (max, total). Then:
 
-    * ``rcb``: per tree level (``ceil(log2 P)``): ``1`` ``all_reduce`` of the node boxes (max),
+    * ``rcb``: per tree level (``ceil(log2 P)``, plus one box reduction after the last):
+      ``1`` ``all_reduce`` of the node boxes (max),
       ``1`` of the histograms (sum), ``2`` for the median buckets' sizes and bounds, ``3`` more
       per refinement round (rare: each divides a median bucket by 1024), and ``2`` ``all_gather``
       of at most ``GATHER_LIMIT`` candidates per node (sizes, rows).
@@ -152,7 +153,8 @@ def repartition(
       split sizes), ``1`` ``all_gather`` (sorted counts and weights), ``2`` ``all_reduce``
       (boundaries), ``2`` ``all_to_all`` (keys to the sorters, parts back: ``24`` and ``16``
       bytes per point).
-    * Always ``1`` ``all_to_all`` that moves the points (coordinates and index per row).
+    * Always ``1`` ``all_to_all`` that moves the points (coordinates and index per row); with
+      ``num_parts`` other than the number of ranks, ``1`` more ``all_reduce`` (part sizes).
 
     Examples
     --------
