@@ -185,6 +185,14 @@ class _Progress:
 
 
 def _peak_rss_mb() -> float:
+    """Peak resident memory of this process (``VmHWM``; ``ru_maxrss`` is inherited across fork and exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
