@@ -55,9 +55,9 @@ SAMPLES_PER_RANK = 64  # regular samples per rank for the curve sample sort
 _F64 = torch.float64
 
 
-def _agree(problem: str | None, group: Any, rank: int) -> None:
+def _agree(problem: str | None, group: Any, rank: int, device: torch.device) -> None:
     """Raise the same ``ValueError`` on every rank if any rank found a problem (one all_gather)."""
-    flags = comm.all_gather(torch.tensor([int(problem is not None)]), group).reshape(-1)
+    flags = comm.all_gather(torch.tensor([int(problem is not None)], device=device), group).reshape(-1)
     bad = flags.nonzero().reshape(-1).tolist()
     if bad:
         own = f": {problem}" if problem is not None else ""
@@ -204,7 +204,7 @@ def _repartition(
         raise ValueError(f"num_parts must be a positive int (got {num_parts!r})")
     local = x.to_local().detach()
     w_local = None if weights is None else weights.to_local().detach()
-    _agree(_local_problem(local, w_local), group, rank)
+    _agree(_local_problem(local, w_local), group, rank, local.device)
     device = local.device
     n_local, dim = local.shape
     offsets = x.offsets

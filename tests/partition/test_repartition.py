@@ -203,3 +203,19 @@ def _more_parts(num_parts: int) -> list[bool]:
 def test_repartition_more_parts_than_ranks_and_payload(world_size, num_parts):
     for ok in run_distributed(_more_parts, world_size, num_parts):
         assert all(ok)
+
+
+def test_quantized_weights_make_sums_exact_in_any_grouping():
+    from meshshard.partition._validate import quantize_weights
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(10_000, generator=g, dtype=torch.float64) * 3.7
+    q = quantize_weights(w, w.numel())
+    assert torch.equal(q, q.floor()) and float(q.sum()) < 2**53
+    assert float(q.sum()) == float(q.flip(0).sum()) == float(q.view(100, 100).sum(1).sum())
+    ints = torch.randint(0, 5, (1000,), generator=g).double()
+    qi = quantize_weights(ints, 1000)
+    assert torch.equal(qi / (qi.max() / ints.max()), ints)  # integer weights only change scale
+    pts = torch.rand(1000, 3, generator=g)
+    for method in ("rcb", "hilbert"):
+        assert torch.equal(partition(pts, 7, method, ints).perm, partition(pts, 7, method, ints * 8).perm)
