@@ -9,8 +9,9 @@ Clouds: the planner's realistic car clouds (:func:`meshshard._apps.plan.car_clou
    (ideal: linear in ``log P``) and the exponent of ``t ~ P^e`` (ideal: close to 0).
 3. **repartition on 4 ranks vs N** (gloo, one thread per rank, a fresh process group per run;
    each rank draws its own chunk, so no process ever holds the cloud): CPU seconds of the busiest
-   rank, wall time, the peak
-   resident memory of the largest rank and how much ``repartition`` added to it.
+   rank, wall time, and the largest rank's peak resident memory during ``repartition`` above
+   its resident memory before (peak reset through ``/proc/self/clear_refs``), beside the size of
+   its input chunk.
 4. **Ghosts per rank vs N/P** (exact: the radius holding 32 neighbours, every part's ghosts
    counted with a k-d tree), over N at fixed P and over P at fixed N, surface and volume. Fitted
    exponent of ``ghosts ~ (N/P)^e`` beside the model's 1/2 (surface) and 2/3 (volume).
@@ -49,6 +50,14 @@ def _cloud(n: int, kind: str = "surface", seed: int = 0) -> torch.Tensor:
     from meshshard._apps.plan import car_cloud
 
     return car_cloud(n, kind, seed)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
 
 
 def _timed(fn):
@@ -102,7 +111,12 @@ def _rank_repartition(n: int, method: str) -> dict:
     x = ms.ShardTensor.from_local(local, mesh, sizes=sizes)
     from meshshard._apps.plan import _peak_rss_mb  # VmHWM: this process's own peak
 
-    before = _peak_rss_mb()
+    before = _rss_mb()
+    try:  # reset this process's peak RSS (VmHWM), so the peak below is repartition's own
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
     comm_t = torch.zeros(1)
     ms.comm.all_reduce_(comm_t)  # start together
     wall, cpu, (points, _) = _timed(lambda: ms.partition.repartition(x, method))
