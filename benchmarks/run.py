@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("partition", "neighbors", "transolver", "dispatch", "preprocess", "io", "store", "meshgraphnet")
+BENCHMARKS = ("partition", "neighbors", "transolver", "dispatch", "preprocess", "io", "store", "meshgraphnet",
+              "scale")
 
 
 def _load(name: str):

@@ -270,6 +270,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         slice_num=args.slice_num,
         mlp_ratio=args.mlp_ratio,
         seed=args.seed,
+        kind=args.kind,
+        sample=args.sample,
         progress=not args.quiet,
     )
     print_plan(report)
@@ -387,6 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--neighbors", type=_positive_int, default=32, help="size the ball radius for about k neighbours")
     p.add_argument("--radius", type=_positive_float, default=None, help="ball radius (overrides --neighbors)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic cloud")
+    p.add_argument("--kind", choices=("surface", "volume"), default="surface", help="synthetic cloud for --points")
+    p.add_argument(
+        "--sample",
+        type=_positive_int,
+        default=1_000_000,
+        help="above this many points, plan exactly on samples of this size and a quarter of it and scale the "
+        "ghosts to N by a fitted (N/P)^(1-1/d) model, with an error bound",
+    )
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     _add_model_args(p)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,10 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = ar
             "volume_i.vtu), compute volume signed distances to drivaer_i.stl, partition the cell "
             "centres for each --parts P, and write a store (meta.json + one .npy per array, in "
             "partition order) with train-set statistics. Finished runs are skipped on a re-run; a re-run "
-            "that would drop data already in the store (a kind, a part count, a field) is refused."
+            "that would drop data already in the store (a kind, a part count, a field) is refused. Under torchrun "
+            "(WORLD_SIZE > 1) the ranks share the work: each reads its own files, the cells are partitioned "
+            "with repartition and every rank writes its rows of the store (--workers is ignored; raw DrivaerML "
+            "layout only)."
         ),
         formatter_class=formatter_class,
     )
@@ -61,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
     if not data_dir.is_dir():
         raise UsageError(f"meshshard preprocess: DATA_DIR {data_dir} is not a directory")
     surface = args.surface or not args.volume
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: every rank builds its part of the store
+        if args.source != "drivaerml":
+            raise UsageError("meshshard preprocess: under torchrun only the raw DrivaerML layout is read "
+                             "rank-parallel; run --source physicsnemo-curator without torchrun")
+        return _run_ranks(args, data_dir, surface)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # failures are printed below
@@ -89,4 +98,37 @@ def run(args: argparse.Namespace) -> int:
     )
     for run_id, message in report.failed.items():
         print(f"  run {run_id} failed: {message}")
+    return 0 if report.ok else 1
+
+
+def _run_ranks(args: argparse.Namespace, data_dir: Path, surface: bool) -> int:
+    """``preprocess`` on every rank of a torchrun job (see ``_preprocess_dist``); rank 0 prints."""
+    import torch.distributed as dist
+
+    from ._preprocess_dist import preprocess_distributed
+
+    try:
+        report = preprocess_distributed(
+            data_dir,
+            args.store,
+            parts=args.parts,
+            method=args.method,
+            surface=surface,
+            volume=args.volume,
+            splits=args.splits,
+            seed=args.seed,
+            runs=args.runs,
+            sdf_backend=args.sdf_backend,
+        )
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        raise SystemExit(f"meshshard preprocess: {err}") from None
+    if dist.get_rank() == 0:
+        cells = ", ".join(f"{n:,} {kind} cells" for kind, n in report.cells.items()) or "no new cells"
+        print(
+            f"store {report.store}: {len(report.processed)} run(s) processed ({cells}) on "
+            f"{dist.get_world_size()} ranks, {len(report.skipped)} skipped, {len(report.failed)} failed "
+            f"in {report.seconds:.1f} s"
+        )
+        for run_id, message in report.failed.items():
+            print(f"  run {run_id} failed: {message}")
     return 0 if report.ok else 1

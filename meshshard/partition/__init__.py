@@ -7,7 +7,8 @@
 A :class:`Partition` is a permutation (``perm``: new order -> original index) plus per-part
 ``sizes``; part ``r`` is ``perm[offsets[r]:offsets[r + 1]]``. Methods: ``"rcb"`` (recursive
 coordinate bisection, a k-d tree; the default), ``"morton"`` and ``"hilbert"`` (space-filling
-curves). :func:`quality` measures balance and ghost counts exactly.
+curves). :func:`quality` measures balance and ghost counts exactly. :func:`repartition` computes
+the same partition of a sharded ``ShardTensor`` cloud on its ranks, without gathering it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _EXPORTS = {
     "neighbor_radius": "_quality",
     "quality": "_quality",
     "surface_to_volume_estimate": "_quality",
+    "repartition": "_repartition",  # needs the ShardTensor core: loaded only when asked for
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,6 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._mesh import MeshPartition, partition_mesh
     from ._partition import Partition
     from ._quality import neighbor_radius, quality, surface_to_volume_estimate
+    from ._repartition import repartition
+
 
 __all__ = [
     "MeshPartition",
@@ -39,6 +43,7 @@ __all__ = [
     "partition",
     "partition_mesh",
     "quality",
+    "repartition",
     "surface_to_volume_estimate",
 ]
 

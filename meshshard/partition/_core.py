@@ -10,7 +10,7 @@ import torch
 from ._partition import Partition
 from ._rcb import nearest_boundaries, rcb
 from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
-from ._validate import as_points, check_fractions, check_method, check_num_parts, check_weights
+from ._validate import as_points, check_fractions, check_method, check_num_parts, check_weights, quantize_weights
 
 __all__ = ["part_boxes", "partition"]
 
@@ -82,6 +82,11 @@ def partition(
     unweighted parts are within one point of ``N * fractions[r]`` and weighted parts within the
     largest single weight of their target.
 
+    Weights are first quantised to integer multiples of one power-of-two quantum (below
+    ``2**53 / N``), so every cumulative weight is exact whatever the order of summation; integer
+    weights are unchanged up to scale. This is what lets :func:`repartition` reproduce the
+    partition bit for bit on sharded data.
+
     Order inside a part: points keep their original relative order (for every method), as in
     :meth:`Partition.from_owner`. The result is deterministic: the same input gives the same
     partition bit for bit (ties in coordinates or keys are broken by original index).
@@ -144,7 +149,7 @@ def partition(
     w = (
         torch.ones(num_points, dtype=torch.float64, device=device)
         if weights is None
-        else check_weights(weights, num_points, device)
+        else quantize_weights(check_weights(weights, num_points, device), num_points)
     )
     f = (
         torch.full((num_parts,), 1.0 / num_parts, dtype=torch.float64, device=device)

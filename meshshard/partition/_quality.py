@@ -151,7 +151,7 @@ def quality(
     if radius is None:
         return result
     radius = _check_radius(radius)
-    ghosts, neighbors = _ghosts(pts.detach().cpu().to(torch.float64).numpy(), part, radius)
+    ghosts, neighbors, _ = _ghosts(pts.detach().cpu().to(torch.float64).numpy(), part, radius)
     sizes = part.sizes.cpu()
     nonempty = sizes > 0
     result.update(
@@ -166,15 +166,16 @@ def quality(
     return result
 
 
-def _ghosts(pts: np.ndarray, part: Partition, radius: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact ghost count and number of source parts of every part (CPU, scipy)."""
+def _ghosts(pts: np.ndarray, part: Partition, radius: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact ghost count, number of source parts, and points sent to other parts, of every part (CPU, scipy)."""
     from scipy.spatial import cKDTree
 
     num_parts = part.num_parts
     ghosts = torch.zeros(num_parts, dtype=torch.long)
     neighbors = torch.zeros(num_parts, dtype=torch.long)
+    sent = np.zeros(num_parts, dtype=np.int64)
     if pts.shape[0] == 0 or num_parts == 1:
-        return ghosts, neighbors
+        return ghosts, neighbors, torch.from_numpy(sent)
     owner = part.owner.cpu().numpy()
     perm = part.perm.cpu().numpy()
     offsets = part.offsets.cpu().tolist()
@@ -201,5 +202,7 @@ def _ghosts(pts: np.ndarray, part: Partition, radius: float) -> tuple[torch.Tens
         dist, _ = cKDTree(mine).query(slab[cand], k=1, distance_upper_bound=upper, workers=-1)
         found = cand[dist <= radius] + i0
         ghosts[r] = found.size
-        neighbors[r] = np.unique(sorted_owner[found]).size
-    return ghosts, neighbors
+        sources = sorted_owner[found]
+        neighbors[r] = np.unique(sources).size
+        sent += np.bincount(sources, minlength=num_parts)
+    return ghosts, neighbors, torch.from_numpy(sent)

@@ -28,9 +28,26 @@ sent left and the first sent right; points on a plane lie in both closed cells.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-__all__ = ["nearest_boundaries", "rcb"]
+__all__ = ["ShardedOps", "nearest_boundaries", "rcb"]
+
+
+class ShardedOps(Protocol):
+    """What :func:`rcb` needs from a sharded run (see :mod:`meshshard.partition._repartition`)."""
+
+    num_points: int  # global N
+    total_weight: float  # global weight (exact: weights are integer-valued, see quantize_weights)
+
+    def reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...  # noqa: D102
+
+    def reduce_box(self, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...  # noqa: D102
+
+    def select(  # noqa: D102
+        self, cand: torch.Tensor, cand_x: torch.Tensor, cand_node: torch.Tensor, need: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 def nearest_boundaries(prefix: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -60,15 +77,15 @@ def _histogram(
     """Bucket of every point's coordinate ``x`` in its node (into ``out``), and every node's histogram.
 
     Buckets split ``[node_lo, node_lo + node_extent]`` evenly; the bucket is monotone in ``x``.
-    ``node_key`` is ``node_of * buckets``. Returns ``(M, B)`` inclusive cumulative weights (float64).
+    ``node_key`` is ``node_of * buckets``. Returns the ``(M, B)`` histogram (int64 counts, or
+    float64 weights); the caller reduces it over ranks (if sharded) and takes the cumulative sum.
     """
     num_nodes = node_lo.numel()
     scale = torch.where(node_extent > 0, buckets / node_extent, torch.zeros_like(node_extent))
     scale = torch.nan_to_num(scale, nan=0.0, posinf=0.0)  # empty nodes, or an extent that underflows
     bucket = (x.to(work) - node_lo.to(work).index_select(0, node_of)).mul_(scale.to(work).index_select(0, node_of))
     out.copy_(bucket.floor_().clamp_(0, buckets - 1))  # exact small integers: the copy truncates nothing
-    hist = torch.bincount(node_key + out, weights=weights, minlength=num_nodes * buckets)
-    return hist.view(num_nodes, buckets).to(torch.float64).cumsum(dim=1)
+    return torch.bincount(node_key + out, weights=weights, minlength=num_nodes * buckets).view(num_nodes, buckets)
 
 
 def rcb(
@@ -77,6 +94,7 @@ def rcb(
     cum_fractions: torch.Tensor,
     num_buckets: int = 1024,
     axis_rule: str = "density",
+    sharded: ShardedOps | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Partition by recursive coordinate bisection.
 
@@ -93,6 +111,13 @@ def rcb(
         on it; with ``"density"`` it sets the window that measures density.
     axis_rule : {"density", "longest"}
         How the cut axis is chosen (see the module docstring).
+    sharded : ShardedOps or None
+        ``None``: ``points`` are all the points, in their original order. Otherwise ``points`` are
+        this rank's chunk of a sharded cloud and ``sharded`` supplies the global point count and
+        weight, the reductions of boxes and histograms over ranks, and the exact selection inside
+        median buckets (:mod:`meshshard.partition._repartition`); every decision then sees the
+        same global numbers as the serial run, so ``owner`` (of the local points), ``regions`` and
+        ``boxes`` equal the serial ones.
 
     Returns
     -------
@@ -103,20 +128,25 @@ def rcb(
     boxes : Tensor
         ``(P, 2, D)`` bounds of each part's points (``[+inf, -inf]`` when empty).
     """
-    num_points, dim = points.shape
+    n_local, dim = points.shape
+    num_points = n_local if sharded is None else sharded.num_points
     num_parts = cum_fractions.numel() - 1
     device = points.device
     dtype = points.dtype
     work = torch.promote_types(dtype, torch.float32)  # bucket arithmetic; half types cannot count to 1024
     long = dict(dtype=torch.long, device=device)
-    total = float(num_points) if weights is None else weights.sum()
+    if sharded is not None:
+        total = sharded.total_weight
+    else:
+        total = float(num_points) if weights is None else weights.sum()
     targets = total * cum_fractions
     columns = points.t().contiguous()  # (D, N): one contiguous coordinate array per axis
     flat_columns = columns.reshape(-1)
-    position = torch.arange(num_points, **long)
-    all_bucket = torch.empty((dim, num_points), **long)  # bucket of every point along every axis
+    position = torch.arange(n_local, **long)
+    all_bucket = torch.empty((dim, n_local), **long)  # bucket of every point along every axis
+    reduce = (lambda t: t) if sharded is None else sharded.reduce_sum
 
-    node_of = torch.zeros(num_points, **long)
+    node_of = torch.zeros(n_local, **long)
     p0 = torch.zeros(1, **long)
     p1 = torch.full((1,), num_parts, **long)
     lo = torch.full((1, dim), -torch.inf, dtype=dtype, device=device)
@@ -131,6 +161,8 @@ def rcb(
         for a in range(dim):
             box_lo[a].scatter_reduce_(0, node_of, columns[a], reduce="amin")
             box_hi[a].scatter_reduce_(0, node_of, columns[a], reduce="amax")
+        if sharded is not None:
+            box_lo, box_hi = sharded.reduce_box(box_lo, box_hi)
 
         if pending is not None:
             # Cut planes of the previous level, halfway between the two children's points.
@@ -161,16 +193,17 @@ def rcb(
         node_key = node_of * buckets
         if axis_rule == "longest":
             axis = extent.argmax(dim=0)  # first maximum on ties
-            x = flat_columns.index_select(0, axis.index_select(0, node_of) * num_points + position)
+            x = flat_columns.index_select(0, axis.index_select(0, node_of) * n_local + position)
             lo_axis, extent_axis = box_lo.gather(0, axis[None])[0], extent.gather(0, axis[None])[0]
             bucket = all_bucket[0]
             hist = _histogram(x, lo_axis, extent_axis, node_of, node_key, buckets, weights, work, bucket)
+            hist = reduce(hist).to(torch.float64).cumsum(dim=1)
         else:
             rows = [
                 _histogram(columns[a], box_lo[a], extent[a], node_of, node_key, buckets, weights, work, all_bucket[a])
                 for a in range(dim)
             ]
-            all_hist = torch.stack(rows)  # (D, M, B)
+            all_hist = reduce(torch.stack(rows)).to(torch.float64).cumsum(dim=2)  # (D, M, B)
             # Ghost cost of cutting at the weighted median of each axis: the weight per unit
             # thickness in a window of +-B/64 buckets around the plane. Cut where it is lowest.
             node_weight = all_hist[0, :, -1]
@@ -208,34 +241,13 @@ def rcb(
         point_median = median_bucket.index_select(0, node_of)
         goes_left = bucket < point_median
 
-        # Sort the median bucket's points by (node, coordinate, original index).
         cand = (bucket == point_median).nonzero()[:, 0]
-        cand_x = flat_columns.index_select(0, axis.index_select(0, node_of.index_select(0, cand)) * num_points + cand)
-        cand = cand.index_select(0, torch.sort(cand_x, stable=True).indices)
-        cand = cand.index_select(0, torch.sort(node_of.index_select(0, cand), stable=True).indices)
-        num_cand = cand.numel()
-        cand_node = node_of.index_select(0, cand)
-        cand_count = torch.bincount(cand_node, minlength=num_nodes)
-        cand_start = torch.cumsum(cand_count, 0) - cand_count
-        cand_weight = (
-            torch.ones(num_cand, dtype=torch.float64, device=device)
-            if weights is None
-            else weights.index_select(0, cand)
-        )
-        running = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), torch.cumsum(cand_weight, 0)])
-        # taken[i]: weight of the candidates of i's node up to and including i.
-        taken = running[1:] - running.index_select(0, cand_start).index_select(0, cand_node)
-
-        # Number j of candidates sent left: the prefix weight nearest `need` (fewer on ties).
-        short = (taken < need.index_select(0, cand_node)).to(torch.long)
-        j_hi = torch.zeros(num_nodes, **long).index_add_(0, cand_node, short)
-        j_hi = torch.where(need > 0, torch.minimum(j_hi + 1, cand_count), 0)
-        j_lo = (j_hi - 1).clamp(min=0)
-        prefix = running.index_select(0, cand_start + j_hi) - running.index_select(0, cand_start)
-        prefix_lo = running.index_select(0, cand_start + j_lo) - running.index_select(0, cand_start)
-        take = torch.where(need - prefix_lo <= prefix - need, j_lo, j_hi)
-        rank = torch.arange(num_cand, **long) - cand_start.index_select(0, cand_node)
-        goes_left.index_fill_(0, cand[rank < take.index_select(0, cand_node)], True)
+        cand_x = flat_columns.index_select(0, axis.index_select(0, node_of.index_select(0, cand)) * n_local + cand)
+        if sharded is not None:
+            # The median buckets' points are spread over the ranks: select them exactly there.
+            goes_left.index_fill_(0, sharded.select(cand, cand_x, node_of.index_select(0, cand), need), True)
+        else:
+            _take_left(cand, cand_x, node_of, need, weights, num_nodes, goes_left)
 
         # Children take their parent's place, so nodes stay ordered by their first part.
         step = 1 + split.long()
@@ -257,3 +269,46 @@ def rcb(
     boxes[p0, 0] = box_lo.t()
     boxes[p0, 1] = box_hi.t()
     return owner, regions, boxes
+
+
+def _take_left(
+    cand: torch.Tensor,
+    cand_x: torch.Tensor,
+    node_of: torch.Tensor,
+    need: torch.Tensor,
+    weights: torch.Tensor | None,
+    num_nodes: int,
+    goes_left: torch.Tensor,
+) -> None:
+    """Send left the prefix of each node's median-bucket points whose weight is nearest ``need``.
+
+    The points ``cand`` (with coordinates ``cand_x`` on the cut axis) are ordered by (node,
+    coordinate, original index); node ``m`` sends its first ``j`` left, ``j`` the count whose
+    prefix weight is nearest ``need[m]`` (fewer on ties, none if ``need[m] <= 0``).
+    """
+    device = cand.device
+    long = dict(dtype=torch.long, device=device)
+    # Sort the median bucket's points by (node, coordinate, original index).
+    cand = cand.index_select(0, torch.sort(cand_x, stable=True).indices)
+    cand = cand.index_select(0, torch.sort(node_of.index_select(0, cand), stable=True).indices)
+    num_cand = cand.numel()
+    cand_node = node_of.index_select(0, cand)
+    cand_count = torch.bincount(cand_node, minlength=num_nodes)
+    cand_start = torch.cumsum(cand_count, 0) - cand_count
+    cand_weight = (
+        torch.ones(num_cand, dtype=torch.float64, device=device) if weights is None else weights.index_select(0, cand)
+    )
+    running = torch.cat([torch.zeros(1, dtype=torch.float64, device=device), torch.cumsum(cand_weight, 0)])
+    # taken[i]: weight of the candidates of i's node up to and including i.
+    taken = running[1:] - running.index_select(0, cand_start).index_select(0, cand_node)
+
+    # Number j of candidates sent left: the prefix weight nearest `need` (fewer on ties).
+    short = (taken < need.index_select(0, cand_node)).to(torch.long)
+    j_hi = torch.zeros(num_nodes, **long).index_add_(0, cand_node, short)
+    j_hi = torch.where(need > 0, torch.minimum(j_hi + 1, cand_count), 0)
+    j_lo = (j_hi - 1).clamp(min=0)
+    prefix = running.index_select(0, cand_start + j_hi) - running.index_select(0, cand_start)
+    prefix_lo = running.index_select(0, cand_start + j_lo) - running.index_select(0, cand_start)
+    take = torch.where(need - prefix_lo <= prefix - need, j_lo, j_hi)
+    rank = torch.arange(num_cand, **long) - cand_start.index_select(0, cand_node)
+    goes_left.index_fill_(0, cand[rank < take.index_select(0, cand_node)], True)

@@ -14,16 +14,19 @@ __all__ = ["DEFAULT_BITS", "hilbert_keys", "morton_keys", "quantize"]
 DEFAULT_BITS = {2: 31, 3: 21}
 
 
-def quantize(points: torch.Tensor, bits: int) -> torch.Tensor:
+def quantize(points: torch.Tensor, bits: int, bounds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Integer grid coordinates in ``[0, 2**bits - 1]`` on a cube spanning the bounding box.
+
+    ``bounds``: the ``float64`` ``(lo, hi)`` corners of the bounding box, when ``points`` are one
+    rank's chunk of a larger cloud (default: the box of ``points``).
 
     **Shapes**: ``(N, D)`` float -> ``(N, D)`` int64.
     """
     x = points.to(torch.float64)
     if x.shape[0] == 0:
         return torch.zeros(x.shape, dtype=torch.long, device=x.device)
-    lo = x.amin(dim=0)
-    extent = float((x.amax(dim=0) - lo).max())
+    lo, hi = (x.amin(dim=0), x.amax(dim=0)) if bounds is None else bounds
+    extent = float((hi - lo).max())
     top = (1 << bits) - 1
     scale = top / extent if extent > 0 else 0.0
     return ((x - lo) * scale).floor_().clamp_(0, top).to(torch.long)

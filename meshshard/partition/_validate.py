@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -14,6 +15,7 @@ __all__ = [
     "check_method",
     "check_num_parts",
     "check_weights",
+    "quantize_weights",
 ]
 
 METHODS = ("rcb", "morton", "hilbert")
@@ -129,3 +131,28 @@ def check_fractions(fractions: Any, num_parts: int, device: torch.device, tol: f
     if abs(total - 1.0) > tol:
         raise ValueError(f"fractions must sum to 1 (got sum {total:.9g})")
     return (f / total).to(device)
+
+
+def quantize_weights(weights: torch.Tensor, num_points: int, max_weight: float | None = None) -> torch.Tensor:
+    """Round weights down to integer multiples of one power-of-two quantum, so every sum is exact.
+
+    The weights are scaled by ``S = 2**k`` (the largest power of two with
+    ``num_points * max(weights) * S < 2**53``) and floored: the result holds integers below
+    ``2**53 / num_points`` as ``float64``, so every partial sum of them, in any order, is exact.
+    That is the tie rule that makes a partition independent of how its sums are grouped: the
+    serial partitioners and :func:`~meshshard.partition.repartition` (which adds the same
+    weights across ranks) see bit-identical prefix weights. Integer weights with
+    ``num_points * max <= 2**52`` only change scale (their balance is unchanged); fractional
+    weights are rounded down by at most ``num_points * max / 2**53`` of the largest weight.
+
+    ``max_weight``: the global maximum when ``weights`` is one rank's chunk (all-reduced by the
+    caller); defaults to ``weights.max()``.
+    """
+    if max_weight is None:
+        max_weight = float(weights.max()) if weights.numel() else 0.0
+    if num_points == 0 or max_weight <= 0.0:
+        return weights
+    _, exp = math.frexp(max_weight)  # max_weight < 2**exp
+    shift = 53 - exp - max(1, int(num_points).bit_length())  # num_points < 2**bit_length
+    half = shift // 2  # two exact power-of-two factors: 2**shift alone may overflow float64
+    return (weights.to(torch.float64) * math.ldexp(1.0, half) * math.ldexp(1.0, shift - half)).floor_()

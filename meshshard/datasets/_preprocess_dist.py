@@ -1,0 +1,346 @@
+"""Rank-parallel preprocessing: every rank of a process group builds its part of the same store.
+
+:func:`preprocess_distributed` writes the store :func:`~meshshard.datasets.preprocess` writes
+(same files, same bytes in every ``.npy``, same ``run.json`` apart from statistics, which agree
+to float64 rounding), but no process handles a run's whole mesh after reading it:
+
+* **Reading**: the files are spread over the ranks; each file is read by exactly one rank (the
+  runs to do, in order, go to ranks ``0, 1, ..., W - 1, 0, ...``). A run stored as one ``.vtu``
+  (or as byte pieces ``.vtu.NN.part``, which only form a file together) is read whole by its
+  reader: VTK XML cannot be read in cell ranges.
+* **Partitioning**: :func:`meshshard.partition.repartition` on the cell centres, ``P_max`` parts
+  of each divisor chain in contiguous blocks per rank; its one ``all_to_all`` carries every
+  cell's fields (and float64 centre) with it. Equal to the serial partition, so the stored
+  order is the single-process one.
+* **Signed distance** of the volume cells: each rank for the cells it now owns.
+* **Writing**: rank 0 creates each ``.npy`` at its full size; every rank writes its rows (a
+  contiguous byte range) in place; rank 0 writes ``run.json`` and renames the run folder into
+  place. Statistics are per rank, merged in rank order (Chan's formula).
+
+Memory per rank after the read: ``O(N / W)`` (its cells, their fields, histograms).
+
+Only "flat" chains are served in parallel: the curve methods, or RCB when every part count is a
+power of two (the single-process store's other case, RCB nested level by level, raises a clear
+error on every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import comm
+from ._preprocess import PreprocessReport, _check_args, _order_key, _read_run_info, _sdf_to_stl, _write_meta
+from ._sdf import resolve_backend
+from ._store import FieldStats, atomic_write_json, divisor_chains, recover_dir, replace_dir, split_runs
+from .drivaerml import DrivaerML
+
+__all__ = ["preprocess_distributed"]
+
+_MSG_BYTES = 1024
+
+
+def _barrier(group: Any) -> None:
+    comm.all_reduce_(torch.zeros(1), group)
+
+
+def _share_errors(error: str | None, group: Any) -> list[str | None]:
+    """Every rank's error message (or ``None``), on every rank: one all_gather of 1 KiB per rank."""
+    buf = torch.zeros(_MSG_BYTES + 1, dtype=torch.uint8)
+    if error is not None:
+        raw = error.encode("utf-8", "replace")[:_MSG_BYTES]
+        buf[0] = 1
+        buf[1 : 1 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    table = comm.all_gather(buf, group)
+    return [
+        bytes(row[1:].numpy().tobytes()).rstrip(b"\0").decode("utf-8", "replace") if int(row[0]) else None
+        for row in table
+    ]
+
+
+def _first_error(errors: list[str | None]) -> str | None:
+    for rank, msg in enumerate(errors):
+        if msg is not None:
+            return f"[rank {rank}] {msg}"
+    return None
+
+
+def _names(kind: str, field_names: Mapping[str, Sequence[str]]) -> list[str]:
+    """Arrays of ``kind`` in the order the single-process pipeline stores them (``sdf`` comes last)."""
+    if kind == "surface":
+        return ["pos", "normals", "areas", *field_names["surface"]]
+    return ["pos", *field_names["volume"]]
+
+
+def preprocess_distributed(
+    data_dir: str | os.PathLike[str],
+    store_dir: str | os.PathLike[str],
+    parts: Sequence[int] = (1, 2, 4),
+    method: str = "rcb",
+    surface: bool = True,
+    volume: bool = False,
+    splits: Sequence[float] = (0.8, 0.1, 0.1),
+    seed: int = 0,
+    *,
+    runs: Sequence[int] | None = None,
+    fields: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    sdf_backend: str = "auto",
+    chunk_size: int = 1_000_000,
+    mesh: Any = None,
+) -> PreprocessReport:
+    """Build the store of :func:`~meshshard.datasets.preprocess` with every rank of a process group.
+
+    Call it on every rank (e.g. ``torchrun ... meshshard preprocess --volume``); arguments as
+    for :func:`~meshshard.datasets.preprocess` (``workers`` is replaced by the ranks). Needs a
+    CPU process group (gloo). See the module docstring for who reads, partitions and writes what.
+
+    Returns the same :class:`PreprocessReport` on every rank.
+
+    **Communication**: per run and kind, a few small collectives (errors, sizes, barriers,
+    statistics) plus those of :func:`meshshard.partition.repartition` for each divisor chain.
+    """
+    import meshshard as ms
+    from meshshard.mesh import domain_group
+    from meshshard.partition._repartition import _repartition
+
+    started = time.perf_counter()
+    if mesh is None:
+        mesh = ms.init_mesh(backend="gloo")
+    group = domain_group(mesh)
+    rank = mesh.get_local_rank(mesh.ndim - 1)
+    world = mesh.size(mesh.ndim - 1)
+    parts = _check_args(parts, method, surface, volume, 1, chunk_size)
+    chains = tuple(tuple(c) for c in divisor_chains(parts))
+    for chain in chains:
+        levels = [p for p in chain if p > 1]
+        if method == "rcb" and any(p & (p - 1) for p in levels):
+            raise ValueError(
+                f"rank-parallel preprocessing serves RCB part counts that are powers of two, or any counts with "
+                f"morton/hilbert (got parts {list(parts)} with rcb: chain {list(chain)} is partitioned level by level)"
+            )
+    sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
+    kinds = tuple(k for k, on in (("surface", surface), ("volume", volume)) if on)
+    source = DrivaerML(data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
+    field_names = {"surface": source.surface_fields, "volume": source.volume_fields}
+    field_names = {k: tuple(v) for k, v in field_names.items() if k in kinds}
+    config = {"method": method, "chains": [list(c) for c in chains], "kinds": list(kinds), "fields": field_names}
+    config = json.loads(json.dumps(config))
+    split = split_runs(source.runs, splits, seed)
+
+    store = Path(store_dir)
+    runs_dir = store / "runs"
+    if rank == 0:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        for stale in runs_dir.glob(".tmp-run_*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for run in source.runs:
+            recover_dir(runs_dir / f"run_{run}")
+    _barrier(group)
+
+    report = PreprocessReport(store=store)
+    todo = []
+    for run in source.runs:
+        info = _read_run_info(runs_dir / f"run_{run}")
+        (report.skipped if info is not None and info.get("config") == config else todo).append(run)
+    for j, run in enumerate(todo):
+        tmp = runs_dir / f".tmp-run_{run}-ranks{world}"
+        reader = j % world
+        error, cells = _run(
+            source, run, tmp, runs_dir, kinds, field_names, chains, method, sdf_backend, chunk_size, config,
+            mesh, group, rank, world, reader, _repartition,
+        )  # fmt: skip
+        if error is None:
+            report.processed.append(run)
+            for kind, n in cells.items():
+                report.cells[kind] = report.cells.get(kind, 0) + n
+        else:
+            report.failed[run] = error
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+        _barrier(group)
+    if rank == 0:
+        _write_meta(store, source, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
+    _barrier(group)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _run(
+    source: DrivaerML,
+    run: int,
+    tmp: Path,
+    runs_dir: Path,
+    kinds: tuple[str, ...],
+    field_names: Mapping[str, Sequence[str]],
+    chains: tuple[tuple[int, ...], ...],
+    method: str,
+    sdf_backend: str,
+    chunk_size: int,
+    config: dict[str, Any],
+    mesh: Any,
+    group: Any,
+    rank: int,
+    world: int,
+    reader: int,
+    repartition_fn: Any,
+) -> tuple[str | None, dict[str, int]]:
+    """Process one run on every rank; returns the first rank's error (same on every rank) and cell counts."""
+    import meshshard as ms
+
+    cells: dict[str, int] = {}
+    info: dict[str, Any] = {"run": run, "config": config, "kinds": {}}
+    error = None
+    if rank == 0:
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    if (error := _first_error(_share_errors(error, group))) is not None:
+        return error, cells
+    for kind in kinds:
+        names = _names(kind, field_names)
+        # 1. The reader reads the whole file; the others hold no cells.
+        arrays: dict[str, np.ndarray] = {}
+        pos64 = np.zeros((0, 3))
+        error = None
+        if rank == reader:
+            try:
+                raw = source.read_surface(run) if kind == "surface" else source.read_volume(run)
+                pos64 = np.ascontiguousarray(raw["pos"], dtype=np.float64)
+                arrays = {k: np.ascontiguousarray(raw[k], dtype=np.float32) for k in names}
+            except Exception as exc:  # one bad run must not stop the others
+                error = f"{type(exc).__name__}: {exc}"
+        if (error := _first_error(_share_errors(error, group))) is not None:
+            return error, cells
+        shape = torch.zeros(1 + 2 * len(names), dtype=torch.long)
+        if rank == reader:
+            shape[0] = pos64.shape[0]
+            for i, name in enumerate(names):
+                shape[1 + 2 * i] = arrays[name].ndim
+                shape[2 + 2 * i] = 1 if arrays[name].ndim == 1 else arrays[name].shape[1]
+        shape = comm.all_reduce_(shape, group).tolist()
+        num_points = shape[0]
+        ndims = {name: shape[1 + 2 * i] for i, name in enumerate(names)}
+        widths = {name: shape[2 + 2 * i] for i, name in enumerate(names)}
+        n_local = pos64.shape[0]
+        if rank != reader:
+            arrays = {name: np.zeros((0, widths[name]) if ndims[name] == 2 else 0, np.float32) for name in names}
+        sizes = [num_points if r == reader else 0 for r in range(world)]
+        x = ms.ShardTensor.from_local(torch.from_numpy(arrays["pos"].reshape(n_local, 3)), mesh, sizes=sizes)
+        payload = np.concatenate(
+            [pos64.view(np.uint8).reshape(n_local, 24)]
+            + [arrays[name].reshape(n_local, widths[name]).view(np.uint8) for name in names],
+            axis=1,
+        )
+        del arrays
+        kind_info: dict[str, Any] = {"num_points": num_points, "fields": {}, "stats": {}, "orders": {}}
+        for c, chain in enumerate(chains):
+            levels = [p for p in chain if p > 1]
+            key = _order_key(chain)
+            if levels:
+                _, ids, moved, part_sizes = repartition_fn(
+                    x, method, num_parts=levels[-1], payload=torch.from_numpy(payload)
+                )
+                moved = moved.numpy()
+                perm = ids.to_local().numpy()
+                offset = sum(ids.sharding_sizes[:rank])
+                chain_sizes = {1: [num_points]}
+                for p in levels:
+                    k = levels[-1] // p
+                    chain_sizes[p] = [sum(part_sizes[i * k : (i + 1) * k]) for i in range(p)]
+            else:  # P = 1 only: the original order, written by the reader
+                moved, perm, offset = payload, np.arange(n_local, dtype=np.int64), 0
+                chain_sizes = {1: [num_points]}
+            local = _unpack(moved, names, ndims, widths)
+            error = None
+            try:
+                if kind == "volume":
+                    local["sdf"] = np.ascontiguousarray(
+                        _sdf_to_stl(source.stl_path(run), local.pop("_pos64"), sdf_backend, chunk_size),
+                        dtype=np.float32,
+                    )
+                local.pop("_pos64", None)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            if (error := _first_error(_share_errors(error, group))) is not None:
+                return error, cells
+            if c == 0:
+                kind_info["fields"] = {k: list(v.shape[1:]) for k, v in local.items()}
+                kind_info["stats"] = {k: _merged_stats(v, group).to_json() for k, v in local.items()}
+            order_dir = tmp / kind / key
+            error = _write_rows(order_dir, {"perm": perm, **local}, num_points, offset, rank, group)
+            if error is not None:
+                return error, cells
+            kind_info["orders"][key] = {str(p): chain_sizes[p] for p in (1, *chain)}
+        info["kinds"][kind] = kind_info
+        cells[kind] = num_points
+    error = None
+    if rank == 0:
+        try:
+            atomic_write_json(tmp / "run.json", info)
+            replace_dir(tmp, runs_dir / f"run_{run}")
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return _first_error(_share_errors(error, group)), cells
+
+
+def _unpack(rows: np.ndarray, names: list[str], ndims: dict[str, int], widths: dict[str, int]) -> dict[str, np.ndarray]:
+    """Split payload rows back into ``_pos64`` (float64) and the float32 arrays."""
+    n = rows.shape[0]
+    out = {"_pos64": np.ascontiguousarray(rows[:, :24]).view(np.float64).reshape(n, 3)}
+    col = 24
+    for name in names:
+        w = 4 * widths[name]
+        values = np.ascontiguousarray(rows[:, col : col + w]).view(np.float32).reshape(n, widths[name])
+        out[name] = values if ndims[name] == 2 else values.reshape(n)
+        col += w
+    return out
+
+
+def _merged_stats(values: np.ndarray, group: Any) -> FieldStats:
+    """Statistics of the sharded ``values``: each rank's, merged in rank order (one all_gather)."""
+    mine = FieldStats.of(values)
+    k = mine.mean.size
+    vec = torch.from_numpy(np.concatenate([[float(mine.count)], mine.mean, mine.m2]))
+    table = comm.all_gather(vec, group).numpy()
+    merged = None
+    for row in table:
+        s = FieldStats(int(row[0]), row[1 : 1 + k].copy(), row[1 + k :].copy())
+        merged = s if merged is None else merged.merge(s)
+    return merged
+
+
+def _write_rows(
+    order_dir: Path, arrays: dict[str, np.ndarray], num_points: int, offset: int, rank: int, group: Any
+) -> str | None:
+    """Rank 0 creates every ``.npy`` at full size; each rank writes its rows in place."""
+    error = None
+    if rank == 0:
+        try:
+            order_dir.mkdir(parents=True)
+            for name, local in arrays.items():
+                shape = (num_points, *local.shape[1:])
+                mm = np.lib.format.open_memmap(order_dir / f"{name}.npy", mode="w+", dtype=local.dtype, shape=shape)
+                del mm
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    if (error := _first_error(_share_errors(error, group))) is not None:
+        return error
+    try:
+        for name, local in arrays.items():
+            if local.shape[0]:
+                mm = np.lib.format.open_memmap(order_dir / f"{name}.npy", mode="r+")
+                mm[offset : offset + local.shape[0]] = local
+                mm.flush()
+                del mm
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return _first_error(_share_errors(error, group))
