@@ -74,10 +74,8 @@ def select_row(func, x: ShardTensor, index: int) -> torch.Tensor:
     local = x.to_local()
     if spec.rank == owner:
         row = local.select(spec.dim, index - spec.offsets[owner])
-    else:  # zeros that stay in the graph, so every rank joins the backward all-reduce
-        row = local.narrow(spec.dim, 0, 0).sum(spec.dim) if local.dtype.is_floating_point else (
-            local.new_zeros(local.select(spec.dim, 0).shape if local.shape[spec.dim] else
-                            [s for i, s in enumerate(local.shape) if i != spec.dim]))
+    else:  # zeros shaped like a row that stay in the graph, so every rank joins the backward all-reduce
+        row = local.narrow(spec.dim, 0, 0).sum(spec.dim).to(local.dtype)
     if row.dtype == torch.bool:
         return replicated(comm.all_reduce(row.to(torch.uint8), spec.group).bool(), spec)
     return replicated(comm.all_reduce(row, spec.group), spec)
@@ -247,7 +245,7 @@ def _getitem(func, args, kwargs):
         return select_row(func, y, int(it))
     if isinstance(it, torch.Tensor):
         _as_index(func, it, spec)
-        before = [t for t in items[:k]]
+        before = items[:k]
         if any(isinstance(t, int) or t is None for t in before) or any(
                 not (isinstance(t, slice) and t == slice(None)) for t in items[k + 1 :]):
             raise refuse(func, "an index tensor along the points combined with other indices",
