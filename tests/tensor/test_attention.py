@@ -130,8 +130,9 @@ def _mha_case(kind, dtype):
     if kind == "self":
         args, ref_args = (x, x, x), (xr, xr, xr)
     elif kind == "padding":
-        args, ref_args = (x, x, x), (xr, xr, xr)
-        kw = {"key_padding_mask": kpm}
+        args, ref_args = (x, x, x), (xr, xr, xr)  # a sharded key padding mask (gathered) vs the plain one
+        kw = {"key_padding_mask": ms.ShardTensor.from_local(kpm[:, _rows(sizes, rank)].clone(), mesh, sizes=sizes,
+                                                            dim=1)}
     elif kind == "causal":
         mask = torch.nn.Transformer.generate_square_subsequent_mask(n, dtype=dtype)
         args, ref_args = (x, x, x), (xr, xr, xr)
@@ -142,7 +143,8 @@ def _mha_case(kind, dtype):
     else:
         raise ValueError(kind)
     kw.setdefault("need_weights", False)
-    ref, _ = ref_mha(*ref_args, **kw)
+    ref_kw = dict(kw, key_padding_mask=kpm) if kind == "padding" else kw
+    ref, _ = ref_mha(*ref_args, **ref_kw)
     ref_params = [p for p in ref_mha.parameters()]
     ref_grads = torch.autograd.grad(ref, [xr, *ref_params], gout)
     with ms.CommCounter() as fwd:
@@ -253,8 +255,8 @@ def _refusals():
             F.scaled_dot_product_attention(q, q, q, **kw)
         except ms.UnsupportedOpError as exc:
             out.append(str(exc).split(":")[0])
-    head = _rand((sum(sizes), 2, 4), 2, torch.float64)
-    h, _ = _shard(head, sizes, 2, mesh)  # the channel dim sharded: nothing to attend locally
+    head = _rand((5, 2, 4), 2, torch.float64)
+    h, _ = _shard(head, {1: [4], 3: [1, 3, 0]}[dist.get_world_size()], 2, mesh)  # the channel dim sharded
     try:
         F.scaled_dot_product_attention(h, h, h)
     except (ms.UnsupportedOpError, ms.ShardingError) as exc:
@@ -271,7 +273,7 @@ def _refusals():
 def test_unsupported_forms_raise_on_every_rank(world_size):
     res = run_distributed(_refusals, world_size, timeout=120)
     assert all(r == res[0] for r in res)
-    assert res[0] == ["torch._C._nn.scaled_dot_product_attention on a ShardTensor", "UnsupportedOpError", True]
+    assert res[0] == ["torch.nn.functional.scaled_dot_product_attention on a ShardTensor", "UnsupportedOpError", True]
 
 
 def test_errors_propagate_as_distributed_error():
