@@ -285,3 +285,16 @@ def _bad_mask():
     mesh = ms.init_mesh()
     q, _ = _shard(_rand((1, 7, 4), 1, torch.float64), [7, 0], 1, mesh)
     F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 3, dtype=torch.bool))
+
+
+@pytest.mark.timeout(1200)
+def test_opinfo_sweep_attention_ops():
+    """The OpInfo sweep's verdicts for the attention ops: every case exact or raising, on all 3 ranks alike."""
+    from tests.tensor.sweep_attention import NAMES
+    from tests.tensor.test_opinfo_sweep import OK, RAISES, SKIP, _sweep
+
+    per_rank = run_distributed(_sweep, 3, NAMES, timeout=600)
+    assert all(r == per_rank[0] for r in per_rank[1:])
+    verdicts = [c for cases in per_rank[0].values() for c in cases]
+    assert verdicts and all(code in (OK, RAISES, SKIP) for code, _ in verdicts), verdicts
+    assert any(code == OK for code, _ in verdicts)  # the sharded-points cases are computed, not refused

@@ -90,6 +90,9 @@ from .._tensor import ReplicatedTensor, ShardTensor
 from ._common import plain_along_shard, refuse, replicated, wrap
 
 _NEG_INF = float("-inf")
+# Start each ring step's transfer before computing on the current block (True), or finish it first
+# (False: the benchmark's no-overlap baseline).
+OVERLAP = True
 
 
 def _gshape(t: torch.Tensor) -> torch.Size:
@@ -141,9 +144,9 @@ class _Plan:
 
 
 def _scores(q: torch.Tensor, kb: torch.Tensor, plan: _Plan, c0: int, c1: int) -> torch.Tensor:
-    s = torch.matmul(q, kb.transpose(-2, -1)) * plan.scale
+    s = torch.matmul(q, kb.transpose(-2, -1)).mul_(plan.scale)  # in place: one score block alive, not several
     bias = plan.bias(c0, c1, s.dtype, s.device)
-    return s if bias is None else s + bias
+    return s if bias is None else s.add_(bias)
 
 
 def _batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
@@ -169,13 +172,15 @@ class _RingAttention(torch.autograd.Function):
             pending = None
             if t < world - 1:  # the next block travels while this one is used
                 pending = comm.ring_shift(cur, (*batch, sizes[(rank - t - 1) % world], width), plan.group)
+                if not OVERLAP:
+                    pending.wait()
             if sizes[src] and lq:
                 kb, vb = cur[..., :e], cur[..., e:]
                 s = _scores(q, kb, plan, offs[src], offs[src + 1])
                 new_max = torch.maximum(run_max, s.amax(-1))
                 shift = new_max.masked_fill(new_max == _NEG_INF, 0.0)
                 alpha = torch.exp(run_max - shift)
-                p = torch.exp(s - shift[..., None])
+                p = s.sub_(shift[..., None]).exp_()
                 total = total * alpha + p.sum(-1)
                 acc = acc * alpha[..., None] + torch.matmul(p, vb)
                 run_max = new_max
@@ -211,19 +216,24 @@ class _RingAttention(torch.autograd.Function):
             pending = None
             if t < world - 1:
                 pending = comm.ring_shift(cur, (*batch, sizes[(rank - t - 1) % world], width), plan.group)
+                if not OVERLAP:
+                    pending.wait()
             dkv = cur.new_zeros((*batch, sizes[src], width))
             if sizes[src] and q.shape[-2]:
                 kb, vb = cur[..., :e], cur[..., e:]
-                p = torch.exp(_scores(q, kb, plan, offs[src], offs[src + 1]) - lse[..., None])
+                p = _scores(q, kb, plan, offs[src], offs[src + 1]).sub_(lse[..., None]).exp_()
                 dv = torch.matmul(p.transpose(-2, -1), dout)
-                ds = p * (torch.matmul(dout, vb.transpose(-2, -1)) - delta[..., None])
-                dq = dq + torch.matmul(ds, kb) * plan.scale
-                dk = torch.matmul(ds.transpose(-2, -1), q) * plan.scale
+                ds = torch.matmul(dout, vb.transpose(-2, -1)).sub_(delta[..., None]).mul_(p)
+                del p
+                dq.add_(torch.matmul(ds, kb), alpha=plan.scale)
+                dk = torch.matmul(ds.transpose(-2, -1), q).mul_(plan.scale)
                 dkv = torch.cat([dk, dv], -1)
             if grads_in is not None:
                 dkv = dkv + grads_in.wait()
             if world > 1:  # the block's gradients follow it; after the last step they reach the owner
                 grads_in = comm.ring_shift(dkv, (*batch, sizes[(rank - t - 1) % world], width), plan.group, tag=1)
+                if not OVERLAP:
+                    grads_in.wait()
             if pending is not None:
                 cur = pending.wait()
         own = grads_in.wait() if grads_in is not None else dkv
