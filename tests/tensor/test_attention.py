@@ -226,7 +226,7 @@ def _train(sizes, steps):
         if mesh is not None:
             ms.nn.sync_gradients(model, mesh)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 

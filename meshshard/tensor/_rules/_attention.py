@@ -510,8 +510,9 @@ def _mha_local_queries(func, a: dict, q_spec: ShardSpec, kpm, mask, batched: boo
     lq = q_spec.sizes[rank]
     if a["is_causal"] and kpm is None and not a["need_weights"]:
         # torch then attends causally (global index order), whatever the mask holds
-        rows = torch.arange(q_spec.offsets[rank], q_spec.offsets[rank] + lq)[:, None]
-        local_mask = rows < torch.arange(num_k)[None, :]
+        dev = a["query"].device
+        rows = torch.arange(q_spec.offsets[rank], q_spec.offsets[rank] + lq, device=dev)[:, None]
+        local_mask = rows < torch.arange(num_k, device=dev)[None, :]
     else:
         local_mask = _local_rows(func, mask, q_spec, num_q)
     call = dict(a)
