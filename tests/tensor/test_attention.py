@@ -109,6 +109,10 @@ def test_sdpa_matches_single_process(world_size, mode):
                 assert r["fwd"] == {"all_reduce": 2} and r["bwd"] == {"all_reduce": 1}, r
 
 
+def gout_pool(dtype):
+    return _rand((2, 3, 8), 15, dtype)
+
+
 def _mha_case(kind, dtype):
     """nn.MultiheadAttention (batch_first) on points sharded along dim 1, forward and parameter gradients."""
     mesh = ms.init_mesh()
@@ -137,6 +141,13 @@ def _mha_case(kind, dtype):
         mask = torch.nn.Transformer.generate_square_subsequent_mask(n, dtype=dtype)
         args, ref_args = (x, x, x), (xr, xr, xr)
         kw = {"attn_mask": mask, "is_causal": True}
+    elif kind == "pool":  # a few replicated latent tokens attend to the sharded points: replicated result
+        args, ref_args = (lat_g, x, x), (lat_g, xr, xr)
+    elif kind == "unbatched":  # (L, E) inputs, sharded on dim 0
+        x, x_leaf = _shard(x_g[0], sizes, 0, mesh)
+        xr = x_g[0].clone().requires_grad_(True)
+        args, ref_args = (x, x, x), (xr, xr, xr)
+        gout = gout[0]
     elif kind == "latents":  # points attend to a few replicated latent tokens: local
         args, ref_args = (x, lat_g, lat_g), (xr, lat_g, lat_g)
         kw = {"need_weights": True}
@@ -146,22 +157,31 @@ def _mha_case(kind, dtype):
     ref_kw = dict(kw, key_padding_mask=kpm) if kind == "padding" else kw
     ref, _ = ref_mha(*ref_args, **ref_kw)
     ref_params = [p for p in ref_mha.parameters()]
-    ref_grads = torch.autograd.grad(ref, [xr, *ref_params], gout)
+    ref_grads = torch.autograd.grad(ref, [xr, *ref_params], gout_pool(dtype) if kind == "pool" else gout)
     with ms.CommCounter() as fwd:
         out, weights = mha(*args, **kw)
+    dim = 0 if kind == "unbatched" else 1
+    rows = (slice(None),) * dim + (_rows(sizes, rank),)
+    if kind == "pool":
+        local_out, seed, want = out.to_plain(), gout_pool(dtype) / world, ref
+    else:
+        local_out, seed, want = out.to_local(), gout[rows], ref[rows]
     with ms.CommCounter() as bwd:
-        grads = torch.autograd.grad(out.to_local(), [x_leaf, *mha.parameters()], gout[:, _rows(sizes, rank)])
+        grads = torch.autograd.grad(local_out, [x_leaf, *mha.parameters()], seed)
     errors = []
     tol = TOL[dtype]
-    if not isinstance(out, ms.ShardTensor) or out.shard_dim != 1 or out.shape != ref.shape:
+    if kind == "pool":
+        if not isinstance(out, ms.tensor.ReplicatedTensor) or out.shape != ref.shape:
+            errors.append(f"result {type(out).__name__} {tuple(out.shape)}")
+    elif not isinstance(out, ms.ShardTensor) or out.shard_dim != dim or out.shape != ref.shape:
         errors.append(f"result {type(out).__name__} {tuple(out.shape)}")
-    elif not torch.allclose(out.to_local(), ref[:, _rows(sizes, rank)], **tol):
+    if not torch.allclose(local_out, want, **tol):
         errors.append("forward")
     if kind == "latents":
         _, ref_w = ref_mha(*ref_args, need_weights=True)
         if not torch.allclose(weights.to_local(), ref_w[:, _rows(sizes, rank)], **tol):
             errors.append("attention weights")
-    if not torch.allclose(grads[0], ref_grads[1 - 1][:, _rows(sizes, rank)], **tol):
+    if not torch.allclose(grads[0], ref_grads[0][rows], **tol):
         errors.append("grad x")
     for i, g in enumerate(grads[1:]):
         dist.all_reduce(g)
@@ -171,7 +191,7 @@ def _mha_case(kind, dtype):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("kind", ["self", "padding", "causal", "latents"])
+@pytest.mark.parametrize("kind", ["self", "padding", "causal", "latents", "pool", "unbatched"])
 def test_multihead_attention_matches_single_process(world_size, kind):
     for dtype in (torch.float64, torch.float32):
         res = run_distributed(_mha_case, world_size, kind, dtype, timeout=300)
@@ -179,6 +199,8 @@ def test_multihead_attention_matches_single_process(world_size, kind):
             assert not r["errors"], f"rank {rank} {kind} {dtype}: {r['errors']}"
             if kind == "latents" or world_size == 1:
                 assert sum(r["fwd"].values()) == 0 and sum(r["bwd"].values()) == 0, r
+            elif kind == "pool":
+                assert r["fwd"] == {"all_reduce": 2} and r["bwd"] == {"all_reduce": 1}, r
             else:
                 gathered = {"all_to_all": 1} if kind == "padding" else {}
                 assert r["fwd"] == {"ring_shift": world_size - 1, **gathered}, r
