@@ -368,8 +368,9 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) ->
 class RingShift:
     """A started :func:`ring_shift`; :meth:`wait` returns the received tensor."""
 
-    def __init__(self, works: list, recv: torch.Tensor, group: dist.ProcessGroup | None):
-        self._works, self._recv, self._group = works, recv, group
+    def __init__(self, works: list, recv: torch.Tensor, group: dist.ProcessGroup | None, send=None):
+        # ``send`` is held until the transfer is done: the caller may drop its own reference meanwhile
+        self._works, self._recv, self._group, self._send = works, recv, group, send
 
     def wait(self) -> torch.Tensor:
         for work in self._works:
@@ -377,7 +378,7 @@ class RingShift:
                 work.wait()
             except Exception as exc:
                 raise faults.collective_failed("ring_shift", self._group, exc) from exc
-        self._works = []
+        self._works, self._send = [], None
         return self._recv
 
 
@@ -414,4 +415,4 @@ def ring_shift(
         works.append(_call("ring_shift", group, dist.irecv, recv, group_src=(rank - 1) % world, tag=tag))
     if send.numel():
         works.append(_call("ring_shift", group, dist.isend, send, group_dst=(rank + 1) % world, tag=tag))
-    return RingShift(works, recv, group)
+    return RingShift(works, recv, group, send)
