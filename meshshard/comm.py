@@ -44,6 +44,7 @@ __all__ = [
     "all_to_all",
     "check_split_sizes",
     "gather_uneven",
+    "ring_shift",
     "validate_enabled",
 ]
 
@@ -366,3 +367,56 @@ def all_reduce_(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) ->
     _record("all_reduce", _nbytes(tensor))
     _call("all_reduce", group, dist.all_reduce, tensor)
     return tensor
+
+
+class RingShift:
+    """A started :func:`ring_shift`; :meth:`wait` returns the received tensor."""
+
+    def __init__(self, works: list, recv: torch.Tensor, group: dist.ProcessGroup | None, send=None):
+        # ``send`` is held until the transfer is done: the caller may drop its own reference meanwhile
+        self._works, self._recv, self._group, self._send = works, recv, group, send
+
+    def wait(self) -> torch.Tensor:
+        for work in self._works:
+            try:
+                work.wait()
+            except Exception as exc:
+                raise faults.collective_failed("ring_shift", self._group, exc) from exc
+        self._works, self._send = [], None
+        return self._recv
+
+
+def ring_shift(
+    tensor: torch.Tensor,
+    recv_shape: Sequence[int],
+    group: dist.ProcessGroup | None = None,
+    *,
+    tag: int = 0,
+) -> RingShift:
+    """Start passing ``tensor`` one step around the ring of ``group`` (**not** differentiable).
+
+    Rank ``r`` sends ``tensor`` to rank ``r + 1`` and receives a tensor of ``recv_shape`` (same
+    dtype) from rank ``r - 1`` (indices modulo the group size), with non-blocking ``isend``/``irecv``
+    so that the caller can compute while the block travels; :meth:`RingShift.wait` returns the
+    received tensor. An empty tensor is neither sent nor received: both ends know the sizes (every
+    rank derives them from the same metadata), so they skip alike. ``tag`` keeps two shifts in
+    flight at once apart (e.g. keys/values and their gradient accumulators in ring attention).
+    Used inside autograd Functions that route their gradients themselves.
+
+    **Communication:** one ``isend`` of ``tensor.nbytes`` and one ``irecv`` (counted once as
+    ``ring_shift``); nothing with one rank.
+    """
+    world = _world(group)
+    recv = tensor.new_empty(tuple(int(s) for s in recv_shape))
+    if world == 1:
+        recv.copy_(tensor)
+        return RingShift([], recv, group)
+    rank = dist.get_rank(group)
+    send = tensor.contiguous()
+    _record("ring_shift", _nbytes(send))
+    works = []
+    if recv.numel():
+        works.append(_call("ring_shift", group, dist.irecv, recv, group_src=(rank - 1) % world, tag=tag))
+    if send.numel():
+        works.append(_call("ring_shift", group, dist.isend, send, group_dst=(rank + 1) % world, tag=tag))
+    return RingShift(works, recv, group, send)
