@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from .._atomic import atomic_write
 from ..comm import all_reduce
+from ..device_mesh import init_mesh
 from ..faults import install_excepthook
-from ..mesh import init_mesh
 from ..nn import Transolver, sync_gradients
 from ..tensor import ShardTensor
 from . import UsageError

@@ -123,7 +123,7 @@ def test_rank_rows_split() -> None:
 
 
 def _shards(stores: list[str], kind: str) -> list[list[dict[str, Any]]]:
-    from meshshard.mesh import init_mesh
+    from meshshard.device_mesh import init_mesh
 
     mesh = init_mesh()
     out = []
@@ -338,7 +338,7 @@ def test_workers_give_the_same_store(curator_roots: dict[str, Path], tmp_path: P
 def _read_sharded(root: str, kind: str) -> dict[str, Any]:
     from meshshard.comm import CommCounter
     from meshshard.datasets import _store
-    from meshshard.mesh import init_mesh
+    from meshshard.device_mesh import init_mesh
 
     mesh = init_mesh()
     reader = CuratorDrivaerML(root, volume=True)
