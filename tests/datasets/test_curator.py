@@ -10,14 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zarr
 
 from meshshard.datasets import DatasetError, DrivaerML, DrivaerMLDataset, load_meta, preprocess
 from meshshard.datasets._cli import register
 from meshshard.datasets._curator import CuratorDrivaerML, CuratorRun, rank_rows
 from meshshard.testing import run_distributed
 from meshshard.testing.curator import volume_shuffle, write_curator_runs
-
-zarr = pytest.importorskip("zarr")
 
 FORMATS = ("zarr", "npz")
 # float32 curator values times rho U^2 (float64), rounded back to float32: a few ulps

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pyvista as pv
+import trimesh
 
 from meshshard.datasets import DrivaerML, make_synthetic_drivaerml
 from meshshard.datasets.drivaerml import read_csv_row
@@ -14,9 +16,6 @@ from meshshard.datasets.synthetic import (
     car_surface,
     integrate_forces,
 )
-
-pv = pytest.importorskip("pyvista")
-trimesh = pytest.importorskip("trimesh")
 
 Q_INF = 0.5 * RHO * U_INF**2
 
