@@ -213,7 +213,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         # the log holds exactly the steps up to the checkpoint: none lost, none repeated
         _atomic_write_text(log_path, "".join(json.dumps(e) + "\n" for e in log))
     bar = _progress_bar(cfg, start)
-    fail_at = int(os.environ.get("MESHSHARD_FAIL_AT_STEP", "0"))  # fault injection for tests
     dp_group = mesh.get_group(0) if dp > 1 else None
     t0 = time.perf_counter()
     n_points = 0
@@ -249,8 +248,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if bar is not None:
                 bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
                 bar.update()
-        if fail_at and step == fail_at:
-            os._exit(17)  # simulate a crash: no cleanup, no checkpoint of this step
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             if _is_main():
                 _atomic_save(
