@@ -320,6 +320,7 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
     read from ``force_mom_i.csv`` of the raw data (when its folder is still there).
     """
     from ..datasets.drivaerml import read_csv_row
+    from ..datasets.synthetic import RHO, U_INF
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
     cfg = TrainConfig(**{**ckpt["config"], "store": store, "resume": False})
@@ -340,7 +341,7 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
             csv = source / f"run_{run}" / f"force_mom_{run}.csv"
             row = read_csv_row(csv) if csv.is_file() else None
             aref = row["Aref"] if row else 1.0
-            q = 0.5 * (row["rho"] if row else 1.225) * (row["Uinf"] if row else 30.0) ** 2
+            q = 0.5 * (row["rho"] if row else RHO) * (row["Uinf"] if row else U_INF) ** 2
             p_pred = ds.denormalize("pMeanTrim", y[..., 0])
             tau_pred = ds.denormalize("wallShearStressMeanTrim", y[..., 1:4])
             p_true = ds.denormalize("pMeanTrim", t[..., 0])
