@@ -53,6 +53,7 @@ __all__ = [
     "install_excepthook",
     "report_failure",
     "report_failures",
+    "retract_stale_report",
 ]
 
 FAILURE_PREFIX = "meshshard/failure/"
@@ -153,6 +154,15 @@ def clear_reports(group: dist.ProcessGroup | None = None) -> None:
                 store.delete_key(f"{prefix}{rank}")
             except Exception:
                 pass
+
+
+def retract_stale_report() -> None:
+    """Call after a collective completed: if this rank had reported a failure, the note is stale; delete it.
+
+    Costs nothing when this rank reported nothing (a module flag is read).
+    """
+    if _REPORTED:
+        _retract()
 
 
 def _retract() -> None:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .._atomic import atomic_write
-from ..comm import all_reduce
+from ..comm import all_gather_object, all_reduce, barrier
 from ..device_mesh import init_mesh
 from ..faults import install_excepthook
 from ..nn import Transolver, sync_gradients
@@ -263,7 +263,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     ckpt_path,
                 )
             if dist.is_initialized():
-                dist.barrier()
+                barrier()
     if bar is not None:
         bar.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -276,9 +276,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "losses": [e["loss"] for e in log],
     }
     if dist.is_initialized():
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, {k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")})
-        summary["per_rank"] = everyone
+        summary["per_rank"] = all_gather_object({k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")})
     else:
         summary["per_rank"] = [{k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")}]
     if _is_main():

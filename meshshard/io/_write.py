@@ -283,12 +283,13 @@ def _all_ok(ok: bool, group: Any) -> bool:
     """All-reduce (MIN) of one flag over ``group``: did every rank succeed?"""
     import torch.distributed as dist
 
+    from ..comm import all_reduce_min
+
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
+    return bool(all_reduce_min(flag, group).item())
 
 
 def _shard_spec(value: Any) -> Any:
@@ -406,10 +407,9 @@ def write_local_partition(
         if spec is not None:
             global_ids = np.arange(n, dtype=np.int64) + int(spec.offsets[rank])
         else:  # plain tensors under a process group: offsets from everyone's size
-            import torch.distributed as dist
+            from ..comm import all_gather_object
 
-            sizes = [0] * num_ranks
-            dist.all_gather_object(sizes, n, group=group)
+            sizes = all_gather_object(n, group)
             global_ids = np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
     if error is None:
         try:
