@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._atomic import atomic_replace, temp_name
+from .._atomic import atomic_replace, atomic_replace_all
 from ..errors import ShardingError
 from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
 from ._ghosts import check_radius, ghost_items
@@ -244,24 +244,18 @@ def _with_field_data(pieces: Iterator[Piece], info: dict[str, Any]) -> Iterator[
 def _write_all(index: Path, pieces: Iterator[Piece], compression: str | None) -> None:
     """Write every piece to a temporary name, rename them all, then write the index."""
     _remove_index(index)
-    written: list[tuple[Path, Path]] = []
     schema: Schema | None = None
-    try:
+
+    def items() -> Iterator[tuple[Path, Any]]:
+        nonlocal schema
         for rank, piece in enumerate(pieces):
             schema = schema or schema_of(piece)
-            target = _piece_path(index, rank)
-            tmp = temp_name(target)
-            written.append((tmp, target))
-            write_piece(piece, tmp, compression)
-        for tmp, target in written:
-            os.replace(tmp, target)
-    finally:
-        for tmp, _ in written:
-            if tmp.exists():
-                tmp.unlink()
+            yield _piece_path(index, rank), lambda tmp, piece=piece: write_piece(piece, tmp, compression)
+
+    targets = atomic_replace_all(items())
     if schema is None:
         raise ValueError("partition has no parts")
-    write_index(index, schema, [target.name for _, target in written])
+    write_index(index, schema, [target.name for target in targets])
 
 
 def _local_rows(value: Any, name: str, n: int) -> np.ndarray:
