@@ -23,7 +23,7 @@ _EXPORTS = {
     "UnsupportedOpError": "errors",
     "CommCounter": "comm",
     "HaloPlan": "halo",
-    "init_mesh": "mesh",
+    "init_mesh": "device_mesh",
     "ReplicatedTensor": "tensor",
     "ShardSpec": "tensor",
     "ShardTensor": "tensor",
@@ -37,9 +37,9 @@ __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from . import datasets, io, nn, ops, partition  # noqa: F401
     from .comm import CommCounter  # noqa: F401
+    from .device_mesh import init_mesh  # noqa: F401
     from .errors import CollectiveError, ShardingError, UnsupportedOpError  # noqa: F401
     from .halo import HaloPlan  # noqa: F401
-    from .mesh import init_mesh  # noqa: F401
     from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, register_rule, scatter  # noqa: F401
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["temp_name", "atomic_replace", "atomic_write"]
+__all__ = ["temp_name", "atomic_replace", "atomic_replace_all", "atomic_write"]
 
 
 def temp_name(path: Path) -> Path:
@@ -40,6 +40,31 @@ def atomic_replace(path: Path, produce: Callable[[Path], Any]) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     _fsync(path.parent)
+
+
+def atomic_replace_all(items: Iterable[tuple[Path, Callable[[Path], Any]]]) -> list[Path]:
+    """Run every ``produce(temp_path)`` first, then move all the temporary files onto their paths.
+
+    For a set of files that belong together (the pieces of one partitioned VTK file): if any
+    ``produce`` raises, no target is touched and no temporary file remains. ``items`` may be a
+    generator; it is consumed before the first rename. Returns the target paths in order.
+    """
+    written: list[tuple[Path, Path]] = []
+    try:
+        for path, produce in items:
+            path = Path(path)
+            tmp = temp_name(path)
+            written.append((tmp, path))
+            produce(tmp)
+            _fsync(tmp)
+        for tmp, path in written:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+    for folder in dict.fromkeys(path.parent for _, path in written):
+        _fsync(folder)
+    return [path for _, path in written]
 
 
 def atomic_write(path: Path, write: Callable[[IO], Any], mode: str = "w") -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ __all__ = [
     "CommCounter",
     "all_reduce",
     "all_reduce_max",
+    "all_reduce_min",
+    "all_gather_object",
+    "barrier",
     "all_gather",
     "all_gather_object_sizes",
     "all_reduce_",
@@ -121,8 +125,7 @@ def _call(name: str, group: dist.ProcessGroup | None, collective, *args, **kwarg
         raise
     except Exception as exc:
         raise faults.collective_failed(name, group, exc) from exc
-    if faults._REPORTED:  # this rank failed earlier, yet the group moved on: the note is stale
-        faults._retract()
+    faults.retract_stale_report()  # this rank may have failed earlier, yet the group moved on
     return out
 
 
@@ -420,3 +423,42 @@ def ring_shift(
     if send.numel():
         works.append(_call("ring_shift", group, dist.isend, send, group_dst=(rank + 1) % world, tag=tag))
     return RingShift(works, recv, group, send)
+
+
+def all_reduce_min(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Element-wise min over ranks, **not** differentiable (e.g. "did every rank succeed?" flags).
+
+    **Communication:** one ``all_reduce`` of ``tensor.nbytes``; nothing with one rank.
+    """
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    if _world(group) == 1:
+        return out
+    _record("all_reduce", _nbytes(out))
+    _call("all_reduce", group, dist.all_reduce, out, op=dist.ReduceOp.MIN)
+    return out
+
+
+def all_gather_object(obj: object, group: dist.ProcessGroup | None = None) -> list:
+    """Every rank's picklable ``obj``, in rank order (for small metadata, not tensors on the hot path).
+
+    **Communication:** one ``all_gather_object`` (recorded with the pickled size of ``obj``); nothing
+    with one rank.
+    """
+    world = _world(group)
+    if world == 1:
+        return [obj]
+    out: list = [None] * world
+    _record("all_gather_object", len(pickle.dumps(obj)))
+    _call("all_gather_object", group, dist.all_gather_object, out, obj)
+    return out
+
+
+def barrier(group: dist.ProcessGroup | None = None) -> None:
+    """Wait until every rank of ``group`` has reached this call.
+
+    **Communication:** one ``barrier``; nothing with one rank (or no process group).
+    """
+    if _world(group) == 1:
+        return
+    _record("barrier", 0)
+    _call("barrier", group, dist.barrier)

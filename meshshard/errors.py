@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["CollectiveError", "ShardingError", "UnsupportedOpError"]
+__all__ = ["CollectiveError", "DatasetError", "ShardingError", "UnsupportedOpError"]
 
 
 class ShardingError(RuntimeError):
@@ -36,3 +36,7 @@ class CollectiveError(ShardingError):
 
 class UnsupportedOpError(NotImplementedError):
     """An op was applied to a ShardTensor for which meshshard has no sharding rule."""
+
+
+class DatasetError(ValueError):
+    """A data file is corrupt, lacks a field, or holds arrays of the wrong length or shape."""

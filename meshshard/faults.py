@@ -52,7 +52,9 @@ __all__ = [
     "fault_wait_s",
     "install_excepthook",
     "report_failure",
+    "register_op_entry",
     "report_failures",
+    "retract_stale_report",
 ]
 
 FAILURE_PREFIX = "meshshard/failure/"
@@ -62,6 +64,24 @@ _MAX_MESSAGE = 400
 
 #: True while this process has a culprit note in the store (retracted by the next good collective).
 _REPORTED = False
+
+#: Code objects of the functions through which sharded ops enter (``ShardTensor.__torch_function__``):
+#: a failing collective's context names the ``func`` of the innermost such frame (see :func:`register_op_entry`).
+_OP_ENTRIES: set = set()
+
+#: Modules of this package that are machinery, not callers worth naming: ``<package>.<first part>``.
+_PACKAGE = __name__.partition(".")[0]
+_MACHINERY = {f"{_PACKAGE}.{part}" for part in ("comm", "faults", "tensor", "testing")}
+
+
+def register_op_entry(function: Any) -> Any:
+    """Declare ``function`` (a function or classmethod whose local ``func`` is the torch op it runs) an op entry.
+
+    A failing collective's message then names the op being run in the innermost such call
+    (``all_reduce (in torch.Tensor.mean, ...)``). Returns ``function`` (usable as a decorator).
+    """
+    _OP_ENTRIES.add(getattr(function, "__func__", function).__code__)
+    return function
 
 
 def fault_wait_s() -> float:
@@ -155,6 +175,15 @@ def clear_reports(group: dist.ProcessGroup | None = None) -> None:
                 pass
 
 
+def retract_stale_report() -> None:
+    """Call after a collective completed: if this rank had reported a failure, the note is stale; delete it.
+
+    Costs nothing when this rank reported nothing (a module flag is read).
+    """
+    if _REPORTED:
+        _retract()
+
+
 def _retract() -> None:
     """This rank completed a collective after reporting a failure: its note is stale."""
     global _REPORTED
@@ -173,8 +202,8 @@ def _context() -> str:
     frame = sys._getframe(2)
     while frame is not None and not (op and layer):
         code = frame.f_code
-        where = code.co_filename.replace("\\", "/")
-        if op is None and code.co_name == "__torch_function__" and "meshshard/" in where:
+        module = str(frame.f_globals.get("__name__", ""))
+        if op is None and code in _OP_ENTRIES:
             func = frame.f_locals.get("func")
             if func is not None:
                 op = _op_name(func)
@@ -182,10 +211,8 @@ def _context() -> str:
             layer = f"{type(frame.f_locals['self']).__name__}.forward"
         elif (
             caller is None
-            and "meshshard/" in where
-            and not where.endswith(("meshshard/comm.py", "meshshard/faults.py"))
-            and "meshshard/tensor/" not in where
-            and "meshshard/testing/" not in where
+            and module.startswith(f"{_PACKAGE}.")
+            and ".".join(module.split(".")[:2]) not in _MACHINERY
         ):
             caller = getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back

@@ -12,7 +12,6 @@ import json
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -585,4 +584,3 @@ def test_the_catalogue_covers_every_public_entry_point():
 
 def test_meta_json_of_a_good_store_is_json(env):
     assert isinstance(json.loads((Path(env.store) / "meta.json").read_text()), dict)
-    assert np.isfinite(env.pts.numpy()).all()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from meshshard.cli import main
+from tests._crash_hook import crash_env
 
 STEPS = 6
 
@@ -68,7 +69,7 @@ def test_torchrun_1_2_3_ranks_follow_the_same_loss_trajectory(trajectories):
 
 def test_killed_run_resumes_without_lost_or_repeated_steps(store, trajectories, tmp_path):
     out = tmp_path / "killed"
-    crashed = _train(store, out, 2, env={"MESHSHARD_FAIL_AT_STEP": "5"})
+    crashed = _train(store, out, 2, env=crash_env(5))
     assert crashed.returncode != 0
     ckpt_steps = [e["step"] for e in _log(out)]
     assert ckpt_steps[-1] == 5  # step 5 was logged, then the process died before its checkpoint
@@ -89,7 +90,7 @@ def test_transolver_plus_trains_alike_on_1_and_2_ranks_and_resumes_exactly(store
         runs[nproc] = [e["loss"] for e in _log(tmp_path / f"pp{nproc}")]
     assert len(runs[1]) == STEPS and runs[2] == pytest.approx(runs[1], rel=2e-4)
     out = tmp_path / "pp_killed"
-    assert _train(store, out, 2, "--model", "transolver++", env={"MESHSHARD_FAIL_AT_STEP": "3"}).returncode != 0
+    assert _train(store, out, 2, "--model", "transolver++", env=crash_env(3)).returncode != 0
     resumed = _train(store, out, 2, "--model", "transolver++", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [e["loss"] for e in _log(out)] == pytest.approx(runs[2], rel=1e-6)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import meshshard as ms
-from meshshard import faults
+from meshshard import comm, faults
 from meshshard.errors import CollectiveError
 from meshshard.testing import DistributedError, run_distributed
 
@@ -122,7 +122,7 @@ def test_report_failures_writes_a_note_once(single_rank_group):
             raise FileNotFoundError("run_7/surface.npy")
     note = store.get(key).decode()
     assert note.split("|", 1)[1] == "inner: FileNotFoundError: run_7/surface.npy"  # the innermost wins, once
-    ms.comm.all_reduce_(torch.ones(1))  # a one-rank collective is the identity, but the note stays
+    comm.all_reduce_(torch.ones(1))  # a one-rank collective is the identity, but the note stays
     with pytest.raises(CollectiveError), faults.report_failures():
         raise CollectiveError("a victim is not a culprit")
     assert store.get(key).decode() == note

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshshard.cli import main
+from tests._crash_hook import crash_env
 
 STEPS = 4
 
@@ -57,7 +58,7 @@ def test_meshgraphnet_1_and_2_ranks_follow_the_same_loss_trajectory(runs):
 
 def test_meshgraphnet_resume_and_evaluate(store, runs, tmp_path, capsys):
     out = tmp_path / "killed"
-    crashed = _train(store, out, 2, env={"MESHSHARD_FAIL_AT_STEP": "3"})
+    crashed = _train(store, out, 2, env=crash_env(3))
     assert crashed.returncode != 0
     resumed = _train(store, out, 2, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from .._atomic import atomic_write
-from ..comm import all_reduce
+from ..comm import all_gather_object, all_reduce, barrier
+from ..device_mesh import init_mesh
 from ..faults import install_excepthook
-from ..mesh import init_mesh
 from ..nn import Transolver, sync_gradients
 from ..tensor import ShardTensor
 from . import UsageError
@@ -213,7 +213,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         # the log holds exactly the steps up to the checkpoint: none lost, none repeated
         _atomic_write_text(log_path, "".join(json.dumps(e) + "\n" for e in log))
     bar = _progress_bar(cfg, start)
-    fail_at = int(os.environ.get("MESHSHARD_FAIL_AT_STEP", "0"))  # fault injection for tests
     dp_group = mesh.get_group(0) if dp > 1 else None
     t0 = time.perf_counter()
     n_points = 0
@@ -249,8 +248,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if bar is not None:
                 bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
                 bar.update()
-        if fail_at and step == fail_at:
-            os._exit(17)  # simulate a crash: no cleanup, no checkpoint of this step
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             if _is_main():
                 _atomic_save(
@@ -266,7 +263,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
                     ckpt_path,
                 )
             if dist.is_initialized():
-                dist.barrier()
+                barrier()
     if bar is not None:
         bar.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -279,9 +276,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "losses": [e["loss"] for e in log],
     }
     if dist.is_initialized():
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, {k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")})
-        summary["per_rank"] = everyone
+        summary["per_rank"] = all_gather_object({k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")})
     else:
         summary["per_rank"] = [{k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")}]
     if _is_main():
@@ -323,6 +318,7 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
     read from ``force_mom_i.csv`` of the raw data (when its folder is still there).
     """
     from ..datasets.drivaerml import read_csv_row
+    from ..datasets.synthetic import RHO, U_INF
 
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
     cfg = TrainConfig(**{**ckpt["config"], "store": store, "resume": False})
@@ -343,7 +339,7 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
             csv = source / f"run_{run}" / f"force_mom_{run}.csv"
             row = read_csv_row(csv) if csv.is_file() else None
             aref = row["Aref"] if row else 1.0
-            q = 0.5 * (row["rho"] if row else 1.225) * (row["Uinf"] if row else 30.0) ** 2
+            q = 0.5 * (row["rho"] if row else RHO) * (row["Uinf"] if row else U_INF) ** 2
             p_pred = ds.denormalize("pMeanTrim", y[..., 0])
             tau_pred = ds.denormalize("wallShearStressMeanTrim", y[..., 1:4])
             p_true = ds.denormalize("pMeanTrim", t[..., 0])

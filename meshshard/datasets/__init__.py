@@ -15,13 +15,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ..errors import DatasetError
+
 #: public name -> submodule; imported on first use so that ``meshshard preprocess --help`` stays fast
 _EXPORTS = {
     "CuratorDrivaerML": "_curator",
     "PreprocessReport": "_preprocess",
     "load_meta": "_preprocess",
     "preprocess": "_preprocess",
-    "DatasetError": "_vtk",
     "FIELD_UNITS": "drivaerml",
     "SURFACE_FIELDS": "drivaerml",
     "VOLUME_FIELDS": "drivaerml",
@@ -35,7 +36,6 @@ _EXPORTS = {
 if TYPE_CHECKING:  # pragma: no cover
     from ._curator import CuratorDrivaerML
     from ._preprocess import PreprocessReport, load_meta, preprocess
-    from ._vtk import DatasetError
     from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
     from .drivaerml_dataset import DrivaerMLDataset
     from .synthetic import RHO, U_INF, make_synthetic_drivaerml

@@ -64,8 +64,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..errors import DatasetError
 from ._store import NpyHeader, read_rows
-from ._vtk import DatasetError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

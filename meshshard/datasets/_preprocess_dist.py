@@ -108,13 +108,12 @@ def preprocess_distributed(
     statistics) plus those of :func:`meshshard.partition.repartition` for each divisor chain.
     """
     import meshshard as ms
-    from meshshard.mesh import domain_group
     from meshshard.partition._repartition import _repartition
 
     started = time.perf_counter()
     if mesh is None:
         mesh = ms.init_mesh(backend="gloo")
-    group = domain_group(mesh)
+    group = mesh.get_group(mesh.ndim - 1)
     rank = mesh.get_local_rank(mesh.ndim - 1)
     world = mesh.size(mesh.ndim - 1)
     parts = _check_args(parts, method, surface, volume, 1, chunk_size)

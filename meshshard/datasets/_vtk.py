@@ -12,11 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DatasetError
+
 __all__ = ["DatasetError", "CellMesh", "read_cell_mesh", "assemble_parts"]
-
-
-class DatasetError(ValueError):
-    """A data file is corrupt, lacks a field, or holds arrays of the wrong length or shape."""
 
 
 @dataclass

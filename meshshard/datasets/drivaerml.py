@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import DatasetError
 from ._geometry import cell_centres, polygon_normals_areas
-from ._vtk import DatasetError, read_cell_mesh
+from ._vtk import read_cell_mesh
 
 __all__ = ["DrivaerML", "SURFACE_FIELDS", "VOLUME_FIELDS", "FIELD_UNITS", "FIELD_COMPONENTS", "read_csv_row"]
 

@@ -162,7 +162,7 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
 
             if not dist.is_available() or not dist.is_initialized():
                 return None
-            from meshshard.mesh import init_mesh
+            from meshshard.device_mesh import init_mesh
 
             return init_mesh()
         if mesh is not None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._atomic import atomic_replace, temp_name
+from .._atomic import atomic_replace, atomic_replace_all
 from ..errors import ShardingError
 from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
 from ._ghosts import check_radius, ghost_items
@@ -244,24 +244,18 @@ def _with_field_data(pieces: Iterator[Piece], info: dict[str, Any]) -> Iterator[
 def _write_all(index: Path, pieces: Iterator[Piece], compression: str | None) -> None:
     """Write every piece to a temporary name, rename them all, then write the index."""
     _remove_index(index)
-    written: list[tuple[Path, Path]] = []
     schema: Schema | None = None
-    try:
+
+    def items() -> Iterator[tuple[Path, Any]]:
+        nonlocal schema
         for rank, piece in enumerate(pieces):
             schema = schema or schema_of(piece)
-            target = _piece_path(index, rank)
-            tmp = temp_name(target)
-            written.append((tmp, target))
-            write_piece(piece, tmp, compression)
-        for tmp, target in written:
-            os.replace(tmp, target)
-    finally:
-        for tmp, _ in written:
-            if tmp.exists():
-                tmp.unlink()
+            yield _piece_path(index, rank), lambda tmp, piece=piece: write_piece(piece, tmp, compression)
+
+    targets = atomic_replace_all(items())
     if schema is None:
         raise ValueError("partition has no parts")
-    write_index(index, schema, [target.name for _, target in written])
+    write_index(index, schema, [target.name for target in targets])
 
 
 def _local_rows(value: Any, name: str, n: int) -> np.ndarray:
@@ -283,12 +277,13 @@ def _all_ok(ok: bool, group: Any) -> bool:
     """All-reduce (MIN) of one flag over ``group``: did every rank succeed?"""
     import torch.distributed as dist
 
+    from ..comm import all_reduce_min
+
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
+    return bool(all_reduce_min(flag, group).item())
 
 
 def _shard_spec(value: Any) -> Any:
@@ -406,10 +401,9 @@ def write_local_partition(
         if spec is not None:
             global_ids = np.arange(n, dtype=np.int64) + int(spec.offsets[rank])
         else:  # plain tensors under a process group: offsets from everyone's size
-            import torch.distributed as dist
+            from ..comm import all_gather_object
 
-            sizes = [0] * num_ranks
-            dist.all_gather_object(sizes, n, group=group)
+            sizes = all_gather_object(n, group)
             global_ids = np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
     if error is None:
         try:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.physics_attention import slice_tokens
+from ..ops.slice_tokens import slice_tokens
 from ..tensor import ShardTensor
 from ..tensor._rules._common import wrap
 from ._gumbel import gumbel_noise

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from ..ops.physics_attention import finish_slice_tokens, slice_sums
+from ..ops.slice_tokens import finish_slice_tokens, slice_sums
 from ..tensor import ShardTensor
 from ..tensor._rules._common import wrap
 from .physics_attention import (

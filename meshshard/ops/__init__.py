@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .graph import ShardedGraph, cells_to_edges, simulate_graph_halo
 from .neighbors import Neighbors, ball_query, knn
-from .physics_attention import finish_slice_tokens, slice_sums, slice_tokens
+from .slice_tokens import finish_slice_tokens, slice_sums, slice_tokens
 
 __all__: list[str] = [
     "ShardedGraph",

@@ -10,14 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import zarr
 
 from meshshard.datasets import DatasetError, DrivaerML, DrivaerMLDataset, load_meta, preprocess
 from meshshard.datasets._cli import register
 from meshshard.datasets._curator import CuratorDrivaerML, CuratorRun, rank_rows
 from meshshard.testing import run_distributed
 from meshshard.testing.curator import volume_shuffle, write_curator_runs
-
-zarr = pytest.importorskip("zarr")
 
 FORMATS = ("zarr", "npz")
 # float32 curator values times rho U^2 (float64), rounded back to float32: a few ulps
@@ -123,7 +122,7 @@ def test_rank_rows_split() -> None:
 
 
 def _shards(stores: list[str], kind: str) -> list[list[dict[str, Any]]]:
-    from meshshard.mesh import init_mesh
+    from meshshard.device_mesh import init_mesh
 
     mesh = init_mesh()
     out = []
@@ -338,7 +337,7 @@ def test_workers_give_the_same_store(curator_roots: dict[str, Path], tmp_path: P
 def _read_sharded(root: str, kind: str) -> dict[str, Any]:
     from meshshard.comm import CommCounter
     from meshshard.datasets import _store
-    from meshshard.mesh import init_mesh
+    from meshshard.device_mesh import init_mesh
 
     mesh = init_mesh()
     reader = CuratorDrivaerML(root, volume=True)

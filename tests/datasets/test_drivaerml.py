@@ -5,11 +5,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pyvista as pv
 import torch
 
 from meshshard.datasets import DatasetError, DrivaerML
-
-pv = pytest.importorskip("pyvista")
 
 
 def test_sample_layout(tiny_root: Path) -> None:

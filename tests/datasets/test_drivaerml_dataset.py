@@ -104,7 +104,7 @@ def test_subsampling_is_seeded_per_epoch(tiny_store: Path) -> None:
 
 
 def test_as_pyg(tiny_store: Path) -> None:
-    pytest.importorskip("torch_geometric")
+    import torch_geometric  # noqa: F401  (as_pyg needs it; a hard dependency)
     data = DrivaerMLDataset(tiny_store, split="all", mesh=None, as_pyg=True)[0]
     assert data.pos.shape[1] == 3 and data.pMeanTrim.shape == (data.num_nodes,) and data.run == 1
 
@@ -115,7 +115,7 @@ def _rank_local_sample(store: str, kind: str, num_points: int | None) -> dict[st
 
     from meshshard.comm import CommCounter
     from meshshard.datasets import _store
-    from meshshard.mesh import init_mesh
+    from meshshard.device_mesh import init_mesh
 
     mesh = init_mesh()
     reads: list[tuple[str, int, int]] = []
@@ -201,7 +201,7 @@ def test_rank_subsample_sizes(tiny_store: Path) -> None:
 
 
 def _no_partition_for_p(store: str) -> str:
-    from meshshard.mesh import init_mesh
+    from meshshard.device_mesh import init_mesh
 
     try:
         DrivaerMLDataset(store, mesh=init_mesh())

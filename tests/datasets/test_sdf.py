@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import trimesh
 
 from meshshard.datasets._sdf import resolve_backend, signed_distance
-
-trimesh = pytest.importorskip("trimesh")
 
 POINTS = np.array([[0.5, 0.5, 0.5], [2.0, 0.5, 0.5], [0.5, 0.5, -0.25], [1.5, 1.5, 0.5], [0.9, 0.5, 0.5]])
 EXPECTED = np.array([-0.5, 1.0, 0.25, np.sqrt(0.5), -0.1])

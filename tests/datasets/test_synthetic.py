@@ -4,6 +4,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pyvista as pv
+import trimesh
 
 from meshshard.datasets import DrivaerML, make_synthetic_drivaerml
 from meshshard.datasets.drivaerml import read_csv_row
@@ -14,9 +16,6 @@ from meshshard.datasets.synthetic import (
     car_surface,
     integrate_forces,
 )
-
-pv = pytest.importorskip("pyvista")
-trimesh = pytest.importorskip("trimesh")
 
 Q_INF = 0.5 * RHO * U_INF**2
 
@@ -103,17 +102,12 @@ def test_surface_physics(tiny_root: Path) -> None:
     assert 0.5 < np.abs(wss).max() < 20
 
 
-def test_force_csv_consistent_with_fields(tiny_root: Path) -> None:
+def test_force_csv_is_plausible(tiny_root: Path) -> None:
+    # The CSV is written by integrate_forces from these very fields, so comparing the two would test
+    # nothing; integrate_forces itself is checked by hand below. Here: the physics is plausible.
     ds = DrivaerML(tiny_root)
     for run in ds.runs:
-        s = ds.read_surface(run)
         ref = ds.forces(run)
-        got = integrate_forces(
-            s["pos"], s["normals"], s["areas"], s["pMeanTrim"], s["wallShearStressMeanTrim"],
-            (ref["xref"], ref["yref"], ref["zref"]),
-        )  # fmt: skip
-        for key in ("Cd", "Cl", "Fx", "Fz", "My", "Aref"):
-            assert got[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-9)
         assert 0.1 < ref["Cd"] < 1.0 and abs(ref["Cs"]) < 0.01  # left-right symmetric body
         assert ref["Uinf"] == U_INF and ref["rho"] == RHO
 

@@ -38,7 +38,7 @@ def test_cloud_table_and_saved_partition(cloud_file, tmp_path, capsys):
 
 
 def test_mesh_input_with_radius_and_fractions(tmp_path, capsys):
-    pv = pytest.importorskip("pyvista")
+    import pyvista as pv
     path = tmp_path / "s.vtp"
     pv.Sphere(theta_resolution=16, phi_resolution=10).save(path)
     assert _main(["partition", str(path), "--parts", "2", "--ghost-radius", "0.1", "--fractions", "0.25,0.75"]) == 0

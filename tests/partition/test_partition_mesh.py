@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import pyvista as pv
 import torch
 
 from meshshard.partition import partition, partition_mesh
-
-pv = pytest.importorskip("pyvista")
 
 
 def _lowest_cells(num_points: int, cells: list[list[int]]) -> np.ndarray:
@@ -74,7 +73,7 @@ def test_point_set_without_cells():
 
 
 def test_torch_geometric_data_and_trimesh():
-    tg = pytest.importorskip("torch_geometric")
+    import torch_geometric as tg
     mesh = pv.Sphere(theta_resolution=12, phi_resolution=8)
     ref = partition_mesh(mesh, 3)
     data = tg.data.Data(pos=torch.from_numpy(np.asarray(mesh.points)), face=torch.from_numpy(mesh.regular_faces.T))
@@ -82,7 +81,7 @@ def test_torch_geometric_data_and_trimesh():
     assert torch.equal(mp.cells.owner, ref.cells.owner) and torch.equal(mp.points.owner, ref.points.owner)
     cloud = partition_mesh(tg.data.Data(pos=torch.rand(30, 3)), 3)
     assert cloud.cells is cloud.points
-    trimesh = pytest.importorskip("trimesh")
+    import trimesh
     tm = trimesh.Trimesh(vertices=np.asarray(mesh.points), faces=mesh.regular_faces, process=False)
     mp = partition_mesh(tm, 3)
     assert torch.equal(mp.points.owner, ref.points.owner)

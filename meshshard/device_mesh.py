@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["init_mesh", "domain_group", "mesh_device_type", "DEFAULT_TIMEOUT_S"]
+__all__ = ["init_mesh", "mesh_device_type", "DEFAULT_TIMEOUT_S"]
 
 #: Process-group timeout used by :func:`init_mesh` when it creates the process group
 #: (override with ``MESHSHARD_TIMEOUT`` seconds): a rank stuck in a collective raises after it.
@@ -88,8 +88,3 @@ def init_mesh(
         raise ValueError(f"mesh shape {shape} has {int(torch.tensor(shape).prod())} ranks but the world has {world}")
     names = ("domain",) if len(shape) == 1 else ("dp", "domain")
     return init_device_mesh(mesh_device_type(), shape, mesh_dim_names=names)
-
-
-def domain_group(mesh: DeviceMesh, mesh_dim: int | str | None = None) -> dist.ProcessGroup:
-    """The process group of ``mesh``'s domain axis (the last axis unless ``mesh_dim`` says)."""
-    return mesh.get_group(mesh.ndim - 1 if mesh_dim is None else mesh_dim)
