@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from .metrics import relative_l2_error
 from .neighbors import Neighbors, ball_query, knn
 from .physics_attention import finish_slice_tokens, slice_sums, slice_tokens
 
-__all__: list[str] = ["Neighbors", "ball_query", "knn", "slice_tokens", "slice_sums", "finish_slice_tokens"]
+__all__: list[str] = ["Neighbors", "ball_query", "knn", "slice_tokens", "slice_sums", "finish_slice_tokens",
+                     "relative_l2_error"]

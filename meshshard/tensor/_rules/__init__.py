@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-from . import _index, _local, _reduce, _shape  # noqa: F401  (registration side effects)
+from . import _conv, _distance, _index, _local, _loss, _norm, _reduce, _scatter, _shape  # noqa: F401  (registration)
