@@ -56,8 +56,16 @@ def _conv(func, args, kwargs):
         raise refuse(func, f"a kernel {kernel} with stride {stride} and padding {padding} along the sharded points "
                      "needs neighbouring rows; only kernel size 1, stride 1, no padding is local",
                      "exchange halos (meshshard.halo) and convolve the local shard")
+    local_a = {k_: local_of(v) for k_, v in a.items()}
+    local = local_a["input"]
     with no_subclass():
-        out = func(**{k_: local_of(v) for k_, v in a.items()})
+        if local.shape[spec.dim] == 0:  # torch refuses an empty spatial dim: convolve one zero point, keep none
+            pad = list(local.shape)
+            pad[spec.dim] = 1
+            local_a["input"] = torch.cat([local, local.new_zeros(pad)], spec.dim)
+            out = func(**local_a).narrow(spec.dim, 0, 0)
+        else:
+            out = func(**local_a)
     return wrap(out, spec, spec.dim)
 
 

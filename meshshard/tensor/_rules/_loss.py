@@ -39,6 +39,7 @@ row); class weights ``(C,)`` are replicated parameters.
 from __future__ import annotations
 
 import inspect
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -79,9 +80,30 @@ def _tensor_names(func, names) -> list[str]:
     return [n for n in names if n not in skip]
 
 
+def _dropped_l1_weight():
+    """The ``weight`` of the ``F.l1_loss`` call that dispatched here.
+
+    torch 2.13's ``F.l1_loss`` leaves ``weight`` out of its ``handle_torch_function`` call, so the
+    rule would silently compute an unweighted loss; it is read back from that call's frame.
+    """
+    frame = sys._getframe(1)
+    code = F.l1_loss.__code__
+    for _ in range(12):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            return frame.f_locals.get("weight")
+        frame = frame.f_back
+    return None
+
+
 @register(*_POINTWISE, *_CLASS, *_ROWWISE)
 def _loss(func, args, kwargs):
     names, defaults = _signature(func)
+    if func is F.l1_loss and "weight" not in kwargs and len(args) < 6:
+        w = _dropped_l1_weight()
+        if w is not None:
+            kwargs = {**kwargs, "weight": w}
     a = bind(func, args, kwargs, names, defaults)
     reduction = a["reduction"]
     if a.get("size_average") is not None or a.get("reduce") is not None:
