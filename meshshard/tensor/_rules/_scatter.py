@@ -7,7 +7,8 @@ Two layouts are supported (``torch_geometric.utils.scatter`` runs through them u
 * **Replicated target** (per-graph, per-region or per-part pooling of points): the target is a
   plain tensor (the same on every rank), the source and index are sharded along the scatter dim
   (the points); a plain source spanning the points (e.g. ``src.new_ones(N)``) is replicated by
-  convention and narrowed to this rank's rows. ``sum`` (``index_add``, ``scatter_add``,
+  convention and narrowed to this rank's rows. In-place forms (``zeros.scatter_add_(...)``, as
+  torch_geometric writes them) compute the result and copy it into the target. ``sum`` (``index_add``, ``scatter_add``,
   ``scatter_reduce(..., "sum")``) and ``mean`` scatter each rank's rows into zeros and all-reduce
   the partial sums (with the counts and an out-of-range flag in the same buffer, so a bad index
   raises ``IndexError`` on every rank); ``amax``/``amin``/``prod`` (and ``scatter`` without a
@@ -50,6 +51,8 @@ _SCATTER_ADD = (torch.scatter_add, T.scatter_add, T.scatter_add_)
 _SCATTER_REDUCE = (torch.scatter_reduce, T.scatter_reduce, T.scatter_reduce_)
 _SCATTER = (torch.scatter, T.scatter, T.scatter_)
 _INPLACE = (T.index_add_, T.index_reduce_, T.scatter_add_, T.scatter_reduce_, T.scatter_)
+_OUT_OF_PLACE = {T.index_add_: T.index_add, T.index_reduce_: T.index_reduce, T.scatter_add_: T.scatter_add,
+                 T.scatter_reduce_: T.scatter_reduce, T.scatter_: T.scatter}
 
 
 def _parse(func, args, kwargs) -> dict:
@@ -106,9 +109,13 @@ def _scatter(func, args, kwargs):
     a["dim"] = d
     if isinstance(inp, ShardTensor):
         return _local(func, a, inp, index, src, d)
-    if func in _INPLACE:
-        raise refuse(func, "an in-place scatter into a plain tensor with sharded operands",
-                     "use the out-of-place form (torch.scatter_add, ...) and assign the result")
+    if func in _INPLACE:  # e.g. torch_geometric: src.new_zeros(size).scatter_add_(dim, index, src)
+        with no_subclass():
+            before = inp.clone()  # what backward needs of the target, kept from the copy below
+        out = _into_replicated(_OUT_OF_PLACE[func], a, before, index, src, d, spec)
+        with no_subclass():
+            inp.copy_(out.to_plain())
+        return replicated(inp, spec)
     return _into_replicated(func, a, inp, index, src, d, spec)
 
 
