@@ -1,5 +1,6 @@
 """Losses over sharded points (meshshard/tensor/_rules/_loss.py) vs single-process torch, and their collectives."""
 
+# ruff: noqa: B023  (each case lambda is bound to its loop value by an outer lambda)
 from __future__ import annotations
 
 import warnings
@@ -51,7 +52,8 @@ for red in ("mean", "sum", "none"):
     CASES[f"soft_margin_{red}"] = _pointwise(F.soft_margin_loss, tgrad=False, reduction=red)
     CASES[f"bce_logits_{red}"] = (
         lambda red: lambda S, P: F.binary_cross_entropy_with_logits(
-            S(_xy()[0]), S(_probs()[1]), reduction=red, weight=P(torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64), False),
+            S(_xy()[0]), S(_probs()[1]), reduction=red,
+            weight=P(torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64), False),
             pos_weight=P(torch.tensor([1.5, 0.3, 1.0], dtype=torch.float64), False)))(red)
     CASES[f"bce_{red}"] = (lambda red: lambda S, P: F.binary_cross_entropy(
         S(_probs()[0]), S(_probs()[1], grad=False), reduction=red))(red)
@@ -85,7 +87,8 @@ for red in ("mean", "sum", "none"):
 CASES["mse_bcn"] = _pointwise(F.mse_loss, dim=2, shape=(2, C, N))
 CASES["mse_bnc"] = _pointwise(F.mse_loss, dim=1, shape=(2, N, C))
 CASES["cross_entropy_bcn"] = lambda S, P: F.cross_entropy(S(_xy((2, C, N))[0], 2), S(_classes((2, N)), 1))
-CASES["cross_entropy_probs"] = lambda S, P: F.cross_entropy(S(_xy()[0]), S(_xy()[1].softmax(1), grad=False), label_smoothing=0.2)
+CASES["cross_entropy_probs"] = lambda S, P: F.cross_entropy(S(_xy()[0]), S(_xy()[1].softmax(1), grad=False),
+                                                            label_smoothing=0.2)
 CASES["kl_div_batchmean"] = lambda S, P: F.kl_div(S(_xy()[0]), S(_probs()[1], grad=False), reduction="batchmean")
 CASES["mse_weight"] = lambda S, P: F.mse_loss(S(_xy()[0]), S(_xy()[1]), weight=S(_probs()[1]))
 CASES["l1_weight"] = lambda S, P: F.l1_loss(S(_xy()[0]), S(_xy()[1]), weight=S(_probs()[1]))

@@ -1,5 +1,6 @@
 """Scatter and segment reductions with sharded points (meshshard/tensor/_rules/_scatter.py) vs single-process."""
 
+# ruff: noqa: B023  (each case lambda is bound to its loop value by an outer lambda)
 from __future__ import annotations
 
 import pytest
