@@ -145,12 +145,12 @@ def main(quick: bool = False) -> dict:
     print(f"BatchNorm stack: {layers} x (Conv1d k=1, BatchNorm1d, ReLU), B={batch}, C={channels}, gloo CPU ranks, "
           "forward+backward per step (machine shared with other jobs: timings are noisy)")
     print(f"{'ranks':>5}{'N/rank':>8}{'meshshard ms':>14}{'SyncBN ms':>11}{'local BN ms':>13}{'ratio':>7}"
-          f"  collectives per layer (meshshard | SyncBN)")
+          f"{'max |diff|':>11}  collectives per layer (meshshard | SyncBN)")
     for r in rows:
         ms_, sy, lo = (r[k]["ms_per_step"] for k in ("meshshard", "SyncBatchNorm", "local BN"))
         per = {k: {c: v / layers for c, v in r[k]["collectives"].items()} for k in ("meshshard", "SyncBatchNorm")}
-        print(f"{r['ranks']:>5}{r['n_local']:>8}{ms_:>14.2f}{sy:>11.2f}{lo:>13.2f}{ms_ / sy:>7.2f}  "
-              f"{per['meshshard']} | {per['SyncBatchNorm']}")
+        print(f"{r['ranks']:>5}{r['n_local']:>8}{ms_:>14.2f}{sy:>11.2f}{lo:>13.2f}{ms_ / sy:>7.2f}"
+              f"{r['max_abs_diff_meshshard_vs_sync']:>11.1e}  {per['meshshard']} | {per['SyncBatchNorm']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = {"batch": batch, "channels": channels, "layers": layers, "rows": rows}
     (RESULTS / "bench_batchnorm.json").write_text(json.dumps(summary, indent=1))
