@@ -45,6 +45,9 @@ CASES = {
     "cat_repeat_bnc": lambda S, P: (lambda h: torch.cat([h, h.amax(1, keepdim=True).repeat(1, N, 1)], -1))(
         S(_x(B, N, C), 1)),
     "cat_param_expand": lambda S, P: torch.cat([S(_x(N, C), 0), P(_w(1, 2)).expand(N, -1)], 1),
+    "pad_channels": lambda S, P: F.pad(S(_x(B, C, N), 2).transpose(1, 2), (1, 2)),
+    "pad_reflect_batch": lambda S, P: F.pad(S(_x(N, C, 5), 0), (2, 1), mode="reflect"),
+    "pad_replicate_2d": lambda S, P: F.pad(S(_x(B, C, N, 4), 2), (1, 2, 0, 0), mode="replicate"),
     "add_repeated": lambda S, P: (lambda h: h + h.sum(0, keepdim=True).repeat(N, 1))(S(_x(N, C), 0)),
 }
 
@@ -73,6 +76,8 @@ def _bad(kind):
             F.conv1d(x, torch.randn(5, 3, 3), padding=1)
         elif kind == "pool_window":
             F.max_pool1d(x, 2)
+        elif kind == "pad_points":
+            F.pad(x, (1, 0))
         elif kind == "plain_repeat":
             torch.cat([x, torch.randn(2, 1, 1).repeat(1, 1, 8)], 1)
     except (ms.UnsupportedOpError, ms.ShardingError) as exc:
@@ -80,7 +85,7 @@ def _bad(kind):
     return None
 
 
-@pytest.mark.parametrize("kind", ["k3", "pool_window", "plain_repeat"])
+@pytest.mark.parametrize("kind", ["k3", "pool_window", "plain_repeat", "pad_points"])
 def test_non_local_windows_raise_on_every_rank(kind):
     out = run_distributed(_bad, 2, kind)
     assert out[0] is not None and out == [out[0]] * 2

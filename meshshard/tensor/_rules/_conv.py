@@ -8,10 +8,13 @@
   the max/mean reduction over the sharded dim, a :class:`~meshshard.tensor.ReplicatedTensor`
   (indices of ``return_indices=True`` are global).
 
-A kernel wider than one point along the sharded dim needs neighbours' rows: it raises (use the halo
-exchange of :mod:`meshshard.halo` with the local shard).
+* ``F.pad`` of the dims other than the sharded one: local.
 
-**Communication:** convolutions: none. Global max pooling: as ``torch.amax`` over the sharded dim
+A kernel wider than one point along the sharded dim needs neighbours' rows, and padding the sharded
+dim adds rows at the global ends: both raise (use the halo exchange of :mod:`meshshard.halo` with
+the local shard, or the gathered tensor).
+
+**Communication:** convolutions and padding: none. Global max pooling: as ``torch.amax`` over the sharded dim
 (one max ``all_reduce`` of ``B C`` values, one sum ``all_reduce`` of ``2 B C`` for the
 differentiable value; one more min ``all_reduce`` for ``return_indices``); global average pooling:
 as ``torch.mean`` (one ``all_reduce`` of ``B C``). Backward mirrors each differentiable all-reduce.
@@ -156,3 +159,38 @@ def _avg_pool(func, args, kwargs):
         raise refuse(func, "a pooling window smaller than all the points needs neighbouring rows",
                      "only global pooling (kernel_size = x.shape[-1], no padding) is supported")
     return _global_pool(func, x, "avg")
+
+
+@register(F.pad, torch._C._nn.pad, torch.constant_pad_nd)
+def _pad(func, args, kwargs):
+    """``F.pad`` of dims other than the sharded one: local (an empty shard is padded through one zero row,
+    so every mode runs on every rank). Padding the sharded dim would add rows at the global ends: it raises."""
+    if func is torch.constant_pad_nd:
+        a = bind(func, args, kwargs, ("input", "pad", "value"), {"value": 0})
+        a["mode"] = "constant"
+    else:
+        a = bind(func, args, kwargs, ("input", "pad", "mode", "value"), {"mode": "constant"})
+        a["mode"] = a["mode"] or "constant"
+    x = a["input"]
+    if not isinstance(x, ShardTensor):
+        raise refuse(func, "the input must be the ShardTensor")
+    spec = x._spec
+    pad = list(a["pad"])
+    back = ndim(x) - 1 - spec.dim  # the sharded dim's position counted from the last
+    if len(pad) > 2 * back and any(int(p) != 0 for p in pad[2 * back : 2 * back + 2]):
+        raise refuse(func, f"padding the sharded dim {spec.dim} adds rows at the ends of the global tensor",
+                     "pad the other dims, or pad x.full_tensor()")
+    local = x.to_local()
+    with no_subclass():
+        empty = local.shape[spec.dim] == 0
+        if empty:
+            shape = list(local.shape)
+            shape[spec.dim] = 1
+            local = torch.cat([local, local.new_zeros(shape)], spec.dim)
+        if func is torch.constant_pad_nd:
+            out = func(local, pad, a["value"])
+        else:
+            out = F.pad(local, pad, a["mode"], a["value"])
+        if empty:
+            out = out.narrow(spec.dim, 0, 0)
+    return wrap(out, spec, spec.dim)
