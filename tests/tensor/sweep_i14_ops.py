@@ -1,6 +1,8 @@
 """Run the OpInfo sweep (tests/tensor/test_opinfo_sweep.py) for the ops of the CFD-surrogate rules only.
 
-    PYTHONPATH=. python tests/tensor/sweep_i14_ops.py   # prints each op's verdict; exit 1 on WRONG/ERROR
+    PYTHONPATH=. python tests/tensor/sweep_i14_ops.py [substring ...]  # each op's verdict; exit 1 on WRONG/ERROR
+
+``MESHSHARD_SWEEP_TRACE=<dir>`` makes every rank write the case it is in (a hung case names itself).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def names() -> list[str]:
 if __name__ == "__main__":
     from tests.tensor.test_opinfo_sweep import OK, RAISES, SKIP, WORLD, _sweep, summarise
 
-    ops = names()
+    ops = [n for n in names() if not sys.argv[1:] or any(k in n for k in sys.argv[1:])]
     per_rank = run_distributed(_sweep, WORLD, ops, timeout=1800)
     assert all(r == per_rank[0] for r in per_rank[1:]), "ranks recorded different verdicts"
     res = per_rank[0]

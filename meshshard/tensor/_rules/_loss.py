@@ -105,6 +105,7 @@ def _loss(func, args, kwargs):
         if w is not None:
             kwargs = {**kwargs, "weight": w}
     a = bind(func, args, kwargs, names, defaults)
+    orig = dict(a)
     reduction = a["reduction"]
     if a.get("size_average") is not None or a.get("reduce") is not None:
         reduction = _reduction.legacy_get_string(a.get("size_average"), a.get("reduce"), emit_warning=False)
@@ -161,7 +162,10 @@ def _loss(func, args, kwargs):
         local_a.pop(k, None)
     local_a["reduction"] = "none"
     with no_subclass():
-        per = func(**local_a)
+        if local_of(x).shape[d] == 0:  # torch refuses some empty inputs: the same checks, then an empty loss
+            per = _empty_loss(func, orig, local_a)
+        else:
+            per = func(**local_a)
     if out_dim is None:
         out_dim = per.dim() - (nd - d)
     if reduction == "none":
@@ -188,6 +192,36 @@ def _loss(func, args, kwargs):
     else:
         count = n_local * spec.num_global
     return replicated(comm.all_reduce(total, spec.group) / count, spec)
+
+
+def _meta(v, original):
+    """A meta tensor of the operand's global shape (``v`` is its local version)."""
+    if isinstance(original, ShardTensor):
+        return torch.empty(original._spec.global_shape, dtype=original.dtype, device="meta")
+    if isinstance(original, torch.Tensor):
+        return torch.empty(original.shape, dtype=original.dtype, device="meta")
+    return v
+
+
+def _empty_loss(func, orig, local_a):
+    """This rank's per-element loss when it holds no points: torch's own argument checks on meta tensors of
+    the global shapes (so every rank raises alike), then an empty loss that stays in the autograd graph
+    (this rank still joins the backward all-reduce)."""
+    try:
+        func(**{k: _meta(v, orig.get(k, v)) for k, v in local_a.items()})
+    except NotImplementedError:
+        pass
+    tensors = [v for v in local_a.values() if isinstance(v, torch.Tensor)]
+    x = local_a[next(iter(local_a))]
+    if func in _ROWWISE:
+        shape = [0]
+    elif func in _CLASS:
+        t = local_a["target"]
+        shape = list(t.shape) if not t.dtype.is_floating_point else [s for i, s in enumerate(x.shape) if i != 1]
+    else:
+        shape = list(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    anchor = sum((t.sum() * 0 for t in tensors if t.requires_grad), torch.zeros((), dtype=x.dtype))
+    return torch.zeros(shape, dtype=x.dtype, device=x.device) + anchor
 
 
 def _numel_without(t: torch.Tensor, d: int) -> int:
