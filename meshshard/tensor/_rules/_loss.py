@@ -123,8 +123,9 @@ def _loss(func, args, kwargs):
         raise refuse(func, f"the first operand {first!r} must be the ShardTensor (got a plain tensor)")
     nd, d = ndim(x), spec.dim
     if func in _ROWWISE:
-        if d != 0:
-            raise refuse(func, f"it reduces each row of the input; shard the rows (dim 0), not dim {d}")
+        if nd < 2 or d != 0:  # a 1-d input is one row: its only dim holds the classes/features
+            raise refuse(func, f"it reduces each row of a 2-d input; shard the rows (dim 0 of (N, C)), not dim {d} "
+                         f"of a {nd}-d input")
         out_dim = 0
         for n in data[1:]:
             t = a[n]
@@ -162,7 +163,7 @@ def _loss(func, args, kwargs):
         local_a.pop(k, None)
     local_a["reduction"] = "none"
     with no_subclass():
-        if local_of(x).shape[d] == 0:  # torch refuses some empty inputs: the same checks, then an empty loss
+        if local_of(x).shape[d] == 0 and func not in _POINTWISE:  # torch refuses some empty (N, C) inputs
             per = _empty_loss(func, orig, local_a)
         else:
             per = func(**local_a)
@@ -211,6 +212,9 @@ def _empty_loss(func, orig, local_a):
         func(**{k: _meta(v, orig.get(k, v)) for k, v in local_a.items()})
     except NotImplementedError:
         pass
+    except RuntimeError as exc:  # a data-dependent check (e.g. var < 0) cannot run on meta tensors
+        if "meta" not in str(exc):
+            raise
     tensors = [v for v in local_a.values() if isinstance(v, torch.Tensor)]
     x = local_a[next(iter(local_a))]
     if func in _ROWWISE:
