@@ -89,6 +89,8 @@ def _linalg_norm(func, args, kwargs):
         ord_ = 2
     if ord_ == "nuc" or isinstance(ord_, str) and ord_ != "fro":
         raise refuse(func, f"ord={ord_!r} over the sharded dim")
+    if isinstance(ord_, (int, float)) and 0 < ord_ < 1:  # the subgradient at zero would be inf * 0 here
+        raise refuse(func, f"ord={ord_} (between 0 and 1) over the sharded dim")
     return _linalg_vector_norm(torch.linalg.vector_norm, (x, ord_, dims, a["keepdim"]), {"dtype": a["dtype"]})
 
 

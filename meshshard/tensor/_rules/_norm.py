@@ -116,9 +116,15 @@ def _instance_norm(func, args, kwargs):
     a = bind(func, args, kwargs, _IN, {"use_input_stats": True, "momentum": 0.1, "eps": 1e-5})
     x = _check(func, a)
     spec = x._spec
+    if spec.dim == 0 and a["use_input_stats"] and a["running_mean"] is not None:
+        raise refuse(func, "running statistics average over the sharded batch", "track_running_stats=False")
     if spec.dim == 0 or not a["use_input_stats"]:  # per-sample statistics: local
+        local = x.to_local()
         with no_subclass():
-            out = func(**{k: local_of(v) for k, v in a.items()})
+            if local.shape[spec.dim] == 0:  # torch refuses an empty batch; there is nothing to normalise
+                out = local * 1
+            else:
+                out = func(**{k: local_of(v) for k, v in a.items()})
         return wrap(out, spec, spec.dim)
     local = x.to_local()
     nd = local.dim()
