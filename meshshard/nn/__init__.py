@@ -9,6 +9,7 @@ from __future__ import annotations
 from .parallel import sync_gradients
 from .physics_attention import PhysicsAttention
 from .point_conv import PointConv
+from .pointnet import PointNetSurrogate
 from .transolver import Transolver, TransolverBlock, chunked_forward
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "sync_gradients",
     "PhysicsAttention",
     "PointConv",
+    "PointNetSurrogate",
     "Transolver",
     "TransolverBlock",
     "chunked_forward",

@@ -2,4 +2,15 @@
 
 from __future__ import annotations
 
-from . import _attention, _index, _local, _reduce, _shape  # noqa: F401  (registration side effects)
+from . import (  # noqa: F401  (registration side effects)
+    _attention,
+    _conv,
+    _distance,
+    _index,
+    _local,
+    _loss,
+    _norm,
+    _reduce,
+    _scatter,
+    _shape,
+)

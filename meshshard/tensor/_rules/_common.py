@@ -117,19 +117,27 @@ def plain_along_shard(func: Callable, plain: torch.Tensor, spec: ShardSpec, back
 
     Size 1 (or no dim) there broadcasts as is. A tensor *expanded* to the global length there
     (stride 0: the same row for every point, e.g. ``g.expand(N, -1)``) is narrowed to this rank's
-    rows. Any other plain tensor spanning the sharded dim is refused: it would be applied to local
+    rows. So is a :class:`ReplicatedTensor` (the same values on every rank of the spec's group, e.g.
+    ``g.repeat(1, 1, N)`` of a global max): narrowing it is exact, and its gradient, partial on each
+    rank, sums to the true one. Any other plain tensor spanning the sharded dim is refused: it would be applied to local
     rows as if it were sharded (use :func:`meshshard.scatter` or ``ShardTensor.from_local``).
     """
     if plain.dim() < back or plain.shape[-back] == 1:
         return plain
     d = plain.dim() - back
-    if plain.shape[d] == spec.num_global and plain.stride(d) == 0:
-        return plain.narrow(d, spec.offsets[spec.rank], spec.sizes[spec.rank])
+    if plain.shape[d] == spec.num_global and (plain.stride(d) == 0 or _replicated_here(plain, spec)):
+        with no_subclass():
+            return plain.narrow(d, spec.offsets[spec.rank], spec.sizes[spec.rank])
     raise ShardingError(
         f"[rank {spec.rank}] {op_name(func)}: a plain tensor of shape {tuple(plain.shape)} spans the sharded "
         f"dimension (global length {spec.num_global}). Shard it the same way (ms.scatter, ShardTensor.from_local), "
         "give it size 1 there, or expand a size-1 tensor to it."
     )
+
+
+def _replicated_here(plain: torch.Tensor, spec: ShardSpec) -> bool:
+    """``plain`` is a ReplicatedTensor over the spec's group (decided from metadata alike on every rank)."""
+    return isinstance(plain, ReplicatedTensor) and plain._group is spec.group
 
 
 def refuse(func: Callable, why: str, hint: str = "") -> UnsupportedOpError:

@@ -274,7 +274,6 @@ _DIM_OPS = {
     (torch.argsort, T.argsort): (("input", "dim", "descending"), {"dim": -1}, ("stable",)),
     (torch.topk, T.topk): (("input", "k", "dim", "largest", "sorted"), {"dim": -1}, ()),
     (torch.kthvalue, T.kthvalue): (("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False}, ()),
-    (F.normalize,): (("input", "p", "dim", "eps"), {"dim": 1}, ()),
 }
 _DIM_SIGNATURE = {f: sig for funcs, sig in _DIM_OPS.items() for f in funcs}
 

@@ -227,7 +227,11 @@ def _unflatten(func, args, kwargs):
 
 @register(T.expand, T.expand_as, torch.broadcast_to, T.broadcast_to)
 def _expand(func, args, kwargs):
-    x = _only_shard(func, args, kwargs)
+    if func is T.expand_as and len(shard_args(args, kwargs)) == 2:  # index.view(...).expand_as(src), alike
+        x = args[0] if args else kwargs["input"]
+        common_spec(shard_args(args, kwargs), func)
+    else:
+        x = _only_shard(func, args, kwargs)
     spec = x._spec
     if func is T.expand_as:
         other = bind(func, args, kwargs, ("input", "other"))["other"]
@@ -245,6 +249,10 @@ def _expand(func, args, kwargs):
         raise RuntimeError(f"expand: the number of sizes provided ({len(req)}) must be greater or equal to the "
                            f"number of dimensions in the tensor ({len(g)})")
     d = lead + spec.dim
+    other = args[1] if func is T.expand_as and len(args) > 1 else kwargs.get("other")
+    if isinstance(other, ShardTensor) and other._spec.dim != d:
+        raise ShardingError(
+            f"[rank {spec.rank}] expand_as: the sharded dims do not line up ({d} and {other._spec.dim})")
     if int(req[d]) not in (-1, spec.num_global):
         raise refuse(func, f"cannot expand the sharded dim of global length {spec.num_global} to {req[d]}")
     local_req = [int(r) for r in req]

@@ -1,0 +1,44 @@
+"""examples/train_pointnet_drivaerml.py on a small store: 1, 2 and 3 ranks print the same losses and parameters."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    from meshshard.datasets import make_synthetic_drivaerml, preprocess
+
+    root = tmp_path_factory.mktemp("pointnet")
+    make_synthetic_drivaerml(root / "raw", 3, surface_cells=1200, volume_cells=0, seed=3)
+    report = preprocess(root / "raw", root / "store", parts=(1, 2, 3), workers=1, splits=(0.6, 0.2, 0.2),
+                        progress=False)
+    assert report.ok
+    return root / "store"
+
+
+def _run(store: Path, nproc: int) -> tuple[list[float], float]:
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_pointnet_drivaerml.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(script),
+           str(store), "--steps", "5"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = [float(v) for v in re.findall(r"loss (\S+)", res.stdout)]
+    checksum = float(re.search(r"parameter checksum (\S+)", res.stdout).group(1))
+    assert len(losses) == 5
+    return losses, checksum
+
+
+def test_pointnet_example_trains_like_one_process(store):
+    ref, ref_sum = _run(store, 1)
+    assert ref[-1] < ref[0]
+    for nproc in (2, 3):
+        losses, checksum = _run(store, nproc)
+        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, ref)), (nproc, losses, ref)
+        assert abs(checksum - ref_sum) <= 1e-5 * abs(ref_sum)
