@@ -6,6 +6,8 @@ every point (``max_num_neighbors = N``) and normalise order and truncation ourse
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._common import INFLATE
@@ -33,7 +35,7 @@ def cluster_radius_candidates(
             "(or pip install 'meshshard[cluster]')"
         ) from exc
     r2max = float(r2.max()) if isinstance(r2, torch.Tensor) else float(r2)
-    radius = r2max**0.5 * (1 + INFLATE)
+    radius = math.nextafter(r2max**0.5 * (1 + INFLATE), math.inf)  # > 0: torch-cluster's test is strict
     x = points.detach().to(torch.float64)
     y = queries.detach().to(torch.float64)
     edge = torch_cluster.radius(x, y, radius, max_num_neighbors=max(points.shape[0], 1))
