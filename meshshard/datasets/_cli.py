@@ -76,15 +76,8 @@ def run(args: argparse.Namespace) -> int:
             report = preprocess(
                 data_dir,
                 args.store,
-                parts=args.parts,
-                method=args.method,
-                surface=surface,
-                volume=args.volume,
+                **_store_options(args, surface),
                 workers=args.workers,
-                splits=args.splits,
-                seed=args.seed,
-                runs=args.runs,
-                sdf_backend=args.sdf_backend,
                 progress=not args.no_progress,
                 source=args.source,
             )
@@ -101,27 +94,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _store_options(args: argparse.Namespace, surface: bool) -> dict:
+    """What the single-process and the torchrun paths pass alike to the store writer."""
+    return {
+        "parts": args.parts,
+        "method": args.method,
+        "surface": surface,
+        "volume": args.volume,
+        "splits": args.splits,
+        "seed": args.seed,
+        "runs": args.runs,
+        "sdf_backend": args.sdf_backend,
+    }
+
+
 def _run_ranks(args: argparse.Namespace, data_dir: Path, surface: bool) -> int:
     """``preprocess`` on every rank of a torchrun job (see ``_preprocess_dist``); rank 0 prints."""
     import torch.distributed as dist
 
+    from .._apps import UsageError
     from ._preprocess_dist import preprocess_distributed
 
     try:
-        report = preprocess_distributed(
-            data_dir,
-            args.store,
-            parts=args.parts,
-            method=args.method,
-            surface=surface,
-            volume=args.volume,
-            splits=args.splits,
-            seed=args.seed,
-            runs=args.runs,
-            sdf_backend=args.sdf_backend,
-        )
+        report = preprocess_distributed(data_dir, args.store, **_store_options(args, surface))
     except (ValueError, TypeError, FileNotFoundError) as err:
-        raise SystemExit(f"meshshard preprocess: {err}") from None
+        raise UsageError(f"meshshard preprocess: {err}") from None
     if dist.get_rank() == 0:
         cells = ", ".join(f"{n:,} {kind} cells" for kind, n in report.cells.items()) or "no new cells"
         print(

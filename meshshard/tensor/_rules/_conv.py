@@ -129,19 +129,27 @@ def _spans_all(x: ShardTensor, a) -> bool:
             and stride >= 1)
 
 
+def _batch_sharded_or_global(func, x, a: dict) -> bool:
+    """True: sharded on the batch, pool locally. False: a window over all the points, pool globally.
+    Anything else raises (on every rank: decided from the spec and the arguments)."""
+    if not isinstance(x, ShardTensor):
+        raise refuse(func, "the input must be the ShardTensor")
+    if x._spec.dim == 0 and ndim(x) == 3:
+        return True
+    if x._spec.dim != ndim(x) - 1 or not _spans_all(x, a):
+        raise refuse(func, "a pooling window smaller than all the points needs neighbouring rows",
+                     "only global pooling (kernel_size = x.shape[-1], no padding) is supported")
+    return False
+
+
 @register(F.max_pool1d, F.max_pool1d_with_indices, torch.max_pool1d, torch.max_pool1d_with_indices)
 def _max_pool(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
                                   "return_indices"), {"padding": 0, "dilation": 1, "ceil_mode": False,
                                                       "return_indices": False})
     x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
-    if x._spec.dim == 0 and ndim(x) == 3:
+    if _batch_sharded_or_global(func, x, a):
         return _local(func, args, kwargs, x)
-    if x._spec.dim != ndim(x) - 1 or not _spans_all(x, a):
-        raise refuse(func, "a pooling window smaller than all the points needs neighbouring rows",
-                     "only global pooling (kernel_size = x.shape[-1], no padding) is supported")
     idx = bool(a["return_indices"]) or func in (F.max_pool1d_with_indices, torch.max_pool1d_with_indices)
     return _global_pool(func, x, "max", idx)
 
@@ -151,13 +159,8 @@ def _avg_pool(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
              {"padding": 0, "ceil_mode": False, "count_include_pad": True})
     x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
-    if x._spec.dim == 0 and ndim(x) == 3:
+    if _batch_sharded_or_global(func, x, a):
         return _local(func, args, kwargs, x)
-    if x._spec.dim != ndim(x) - 1 or not _spans_all(x, a):
-        raise refuse(func, "a pooling window smaller than all the points needs neighbouring rows",
-                     "only global pooling (kernel_size = x.shape[-1], no padding) is supported")
     return _global_pool(func, x, "avg")
 
 
