@@ -89,8 +89,8 @@ def _kernel_rows(pts, r: float, threads: int, with_old: bool, PyKDTree) -> dict:
     """Timings of the exact meshshard ops and their peers on one cloud."""
     from scipy.spatial import cKDTree
 
+    from meshshard.kernels import torch_cluster_available
     from meshshard.ops import ball_query, knn
-    from meshshard.ops._kernels import torch_cluster_available
 
     x = pts.double().numpy()
     rows: dict[str, dict] = {}

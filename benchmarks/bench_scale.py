@@ -1,6 +1,6 @@
 """How partitioning time and halo size grow with N and P; the planner at 150M points / 1024 parts.
 
-Clouds: the planner's realistic car clouds (:func:`meshshard._apps.plan.car_cloud`): ``surface``
+Clouds: the planner's realistic car clouds (:func:`meshshard.planning.car_cloud`): ``surface``
 (uniform by area on the body) and ``volume`` (graded density around it), float32, seed 0.
 
 1. **Serial partition time vs N** (``P = 64``; RCB and Hilbert), one thread, CPU seconds. Fitted
@@ -47,7 +47,7 @@ NEIGHBOURS = 32
 
 
 def _cloud(n: int, kind: str = "surface", seed: int = 0) -> torch.Tensor:
-    from meshshard._apps.plan import car_cloud
+    from meshshard.planning import car_cloud
 
     return car_cloud(n, kind, seed)
 
@@ -109,7 +109,7 @@ def _rank_repartition(n: int, method: str) -> dict:
     sizes = [n // world + (r < n % world) for r in range(world)]
     local = _cloud(sizes[rank], "surface", seed=100 + rank)  # i.i.d. chunks: the cloud is never in one place
     x = ms.ShardTensor.from_local(local, mesh, sizes=sizes)
-    from meshshard._apps.plan import _peak_rss_mb  # VmHWM: this process's own peak
+    from meshshard.planning import _peak_rss_mb  # VmHWM: this process's own peak
 
     before = _rss_mb()
     try:  # reset this process's peak RSS (VmHWM), so the peak below is repartition's own
@@ -167,11 +167,11 @@ def repartition_vs_n(sizes: list[int], world: int = 4) -> list[dict]:
 
 def _ghosts(points: torch.Tensor, parts: int) -> float:
     from meshshard.partition import neighbor_radius, partition
-    from meshshard.partition._quality import _ghosts as exact_ghosts
+    from meshshard.partition._quality import ghost_counts
 
     radius = neighbor_radius(points, NEIGHBOURS)
     part = partition(points, parts)
-    ghosts, _, _ = exact_ghosts(points.to(torch.float64).numpy(), part, radius)
+    ghosts, _, _ = ghost_counts(points, part, radius)
     return float(ghosts.double().mean())
 
 

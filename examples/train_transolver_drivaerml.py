@@ -1,6 +1,6 @@
 """Domain-parallel training of a Transolver surrogate on DrivaerML surfaces, written out in full.
 
-The loop below is what ``meshshard train`` runs (see ``meshshard/_apps/train.py`` for checkpoints,
+The loop below is what ``meshshard train`` runs (:func:`meshshard.training.train`, with checkpoints,
 resume and evaluation), reduced to the essentials so it can be copied into your own code:
 
     meshshard preprocess DATA STORE --parts 1 2

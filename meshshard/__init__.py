@@ -30,12 +30,12 @@ _EXPORTS = {
     "scatter": "tensor",
     "register_rule": "tensor",
 }
-_SUBMODULES = ("datasets", "io", "nn", "ops", "partition")
+_SUBMODULES = ("datasets", "io", "nn", "ops", "partition", "planning", "training")
 
 __all__ = [*sorted(_EXPORTS), *_SUBMODULES, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from . import datasets, io, nn, ops, partition  # noqa: F401
+    from . import datasets, io, nn, ops, partition, planning, training  # noqa: F401
     from .comm import CommCounter  # noqa: F401
     from .device_mesh import init_mesh  # noqa: F401
     from .errors import CollectiveError, ShardingError, UnsupportedOpError  # noqa: F401
@@ -47,8 +47,6 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     elif name in _SUBMODULES:
-        if name == "nn":
-            importlib.import_module(".ops", __name__)
         value = importlib.import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module 'meshshard' has no attribute {name!r}")

@@ -48,6 +48,8 @@ __all__ = [
     "all_to_all",
     "check_split_sizes",
     "gather_uneven",
+    "group_device",
+    "group_rank_and_size",
     "ring_shift",
     "validate_enabled",
 ]
@@ -160,11 +162,16 @@ def all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> 
 
 def all_reduce_max(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Element-wise max over ranks, **not** differentiable (used for shifts and arg-reductions)."""
+    return _all_reduce_detached(tensor, group, dist.ReduceOp.MAX)
+
+
+def _all_reduce_detached(tensor: torch.Tensor, group: dist.ProcessGroup | None, op: dist.ReduceOp) -> torch.Tensor:
+    """A detached copy of ``tensor`` all-reduced with ``op`` (one ``all_reduce``; nothing with one rank)."""
     out = tensor.detach().clone(memory_format=torch.contiguous_format)
     if _world(group) == 1:
         return out
     _record("all_reduce", _nbytes(out))
-    _call("all_reduce", group, dist.all_reduce, out, op=dist.ReduceOp.MAX)
+    _call("all_reduce", group, dist.all_reduce, out, op=op)
     return out
 
 
@@ -430,12 +437,7 @@ def all_reduce_min(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
 
     **Communication:** one ``all_reduce`` of ``tensor.nbytes``; nothing with one rank.
     """
-    out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    if _world(group) == 1:
-        return out
-    _record("all_reduce", _nbytes(out))
-    _call("all_reduce", group, dist.all_reduce, out, op=dist.ReduceOp.MIN)
-    return out
+    return _all_reduce_detached(tensor, group, dist.ReduceOp.MIN)
 
 
 def all_gather_object(obj: object, group: dist.ProcessGroup | None = None) -> list:
@@ -462,3 +464,17 @@ def barrier(group: dist.ProcessGroup | None = None) -> None:
         return
     _record("barrier", 0)
     _call("barrier", group, dist.barrier)
+
+
+def group_rank_and_size(group: dist.ProcessGroup | None = None) -> tuple[int, int] | None:
+    """This process's rank in ``group`` and the size of ``group``; ``None`` without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a collective over ``group`` needs its tensors: the current CUDA device under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["CollectiveError", "DatasetError", "ShardingError", "UnsupportedOpError"]
+__all__ = [
+    "CollectiveError",
+    "DatasetError",
+    "MeshReadError",
+    "RunFailed",
+    "ShardingError",
+    "UnsupportedOpError",
+    "UsageError",
+]
 
 
 class ShardingError(RuntimeError):
@@ -40,3 +48,19 @@ class UnsupportedOpError(NotImplementedError):
 
 class DatasetError(ValueError):
     """A data file is corrupt, lacks a field, or holds arrays of the wrong length or shape."""
+
+
+class MeshReadError(ValueError):
+    """A mesh file is not readable (wrong format, truncated) or holds no points."""
+
+
+class UsageError(SystemExit):
+    """A user mistake (a bad argument, a missing file): one line on stderr, exit code 2, no traceback."""
+
+    exit_code = 2
+
+
+class RunFailed(SystemExit):
+    """A command that started and failed (training crashed, a run could not be processed): one line, exit 1."""
+
+    exit_code = 1

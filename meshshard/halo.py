@@ -17,8 +17,9 @@ Building the plan (**Distribution scheme**)
    ``(D + 1)`` float64 per candidate), which tests them exactly against its queries.
 4. The peer returns a keep mask (one ``all_to_all`` of one byte per candidate).
 
-The core of steps 1-4 is a set of pure functions of per-rank coordinates, so
-:func:`simulate_halo` builds the same plan for any ``P`` in one process (capacity planning).
+The ghosts are exactly the serial ghost sets of :func:`meshshard.partition._ghosts.ghost_sets`
+(same closed ball, same distance formula), so :func:`simulate_halo` reports the plan of any ``P``
+in one process (capacity planning).
 """
 
 from __future__ import annotations
@@ -31,26 +32,16 @@ import torch
 import torch.distributed as dist
 
 from . import comm
+from ._checks import check_radius
 from .errors import ShardingError
-from .tensor import ShardTensor
+from .kernels import points_near_boxes, points_within, sq_dist
+from .partition._ghosts import ghost_sets
+from .tensor import ShardTensor, local_of
 
-__all__ = ["HaloPlan", "check_coordinates", "check_radius", "simulate_halo"]
-
-
-
-def check_radius(radius: Any, name: str = "radius") -> float:
-    """``radius`` as a positive finite float, else a ``TypeError``/``ValueError`` naming ``name``."""
-    if isinstance(radius, torch.Tensor) and radius.numel() == 1 and not radius.is_complex():
-        radius = radius.item()
-    if isinstance(radius, bool) or not isinstance(radius, (int, float)):
-        raise TypeError(f"{name} must be a real number (got {type(radius).__name__})")
-    value = float(radius)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite (got {value})")
-    return value
+__all__ = ["HaloPlan", "check_coordinates", "simulate_halo"]
 
 
-def check_coordinate_tensor(x: Any, name: str = "points") -> torch.Tensor:
+def check_coordinate_tensor(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
     """``x`` if it is a floating ``(N, D)`` tensor (values not inspected), else an error naming ``name``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or ShardTensor (got {type(x).__name__})")
@@ -61,7 +52,7 @@ def check_coordinate_tensor(x: Any, name: str = "points") -> torch.Tensor:
     return x
 
 
-def check_coordinates(x: Any, name: str = "points") -> torch.Tensor:
+def check_coordinates(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
     """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
 
     A :class:`~meshshard.ShardTensor` is checked on its local shard only (no communication). The
@@ -71,9 +62,9 @@ def check_coordinates(x: Any, name: str = "points") -> torch.Tensor:
     return x
 
 
-def check_values(x: torch.Tensor, name: str) -> None:
+def check_values(x: ShardTensor | torch.Tensor, name: str) -> None:
     """Reject data-less ('meta') tensors and NaN/Inf values, checking a ShardTensor's local shard."""
-    local = (x.to_local() if isinstance(x, ShardTensor) else x).detach()
+    local = local_of(x).detach()
     if local.device.type == "meta":
         raise ValueError(f"{name} must hold data (got a tensor on the 'meta' device)")
     if not bool(torch.isfinite(local).all()):
@@ -261,88 +252,8 @@ class HaloPlan:
             raise ValueError("regions can only be used with a scalar radius (got per-query radii)")
         if not isinstance(radius, torch.Tensor):
             radius = check_radius(radius)
-        return cls._build(points, queries, _r2_of(radius), regions=regions, backend=backend)
+        return build_plan(points, queries, _r2_of(radius), regions=regions, backend=backend)
 
-    @classmethod
-    def _build(
-        cls,
-        points: ShardTensor | torch.Tensor,
-        queries: ShardTensor | torch.Tensor | None,
-        r2: float | torch.Tensor,
-        *,
-        regions: torch.Tensor | None = None,
-        backend: str | None = None,
-    ) -> HaloPlan:
-        """:meth:`build` from the squared radius (scalar, or exact per-query float64 bounds)."""
-        if queries is None:
-            queries = points
-        radius = None if isinstance(r2, torch.Tensor) else math.sqrt(r2)
-        if not isinstance(points, ShardTensor):
-            local = points.detach()
-            n = local.shape[0]
-            return cls(
-                send_index=torch.zeros(0, dtype=torch.long, device=local.device),
-                send_counts=(0,),
-                recv_counts=(0,),
-                ghost_global_index=torch.zeros(0, dtype=torch.long, device=local.device),
-                ghost_points=local[:0],
-                num_owned=n,
-                offsets=(0, n),
-                rank=0,
-                group=None,
-                radius=radius,
-            )
-        spec = points.spec
-        group, rank, world = spec.group, spec.rank, spec.num_ranks
-        local_points = points.to_local().detach()
-        local_queries = (queries.to_local() if isinstance(queries, ShardTensor) else queries).detach()
-        dim = local_points.shape[1]
-        device = local_points.device
-        if regions is not None:
-            regions = torch.as_tensor(regions).to(device, torch.float64)
-            if regions.shape != (world, 2, dim):
-                raise ValueError(
-                    f"regions must have shape (P, 2, D) = ({world}, 2, {dim}) (got {tuple(regions.shape)})"
-                )
-            boxes = torch.cat(
-                [
-                    regions.reshape(world, 2 * dim),
-                    torch.full((world, 1), r2, device=device, dtype=torch.float64),
-                ],
-                1,
-            )
-        else:
-            boxes = comm.all_gather(_query_box(local_queries, r2), group)
-        dest, cand_local = _candidates(local_points, boxes, rank)
-        cand_counts = torch.bincount(dest, minlength=world)
-        peer_counts = comm.all_to_all(cand_counts.reshape(world, 1), [1] * world, [1] * world, group)
-        send_c = cand_counts.tolist()
-        recv_c = peer_counts.reshape(-1).tolist()
-        payload = torch.cat(
-            [
-                local_points.index_select(0, cand_local).to(torch.float64),
-                (cand_local + spec.offsets[rank]).to(torch.float64)[:, None],
-            ],
-            1,
-        )
-        incoming = comm.all_to_all(payload, send_c, recv_c, group)
-        keep = _keep_mask(local_queries, r2, incoming[:, :dim], recv_c, backend)
-        kept_back = comm.all_to_all(keep, recv_c, send_c, group)
-        send_counts = _segment_sums(kept_back, send_c)
-        recv_counts = _segment_sums(keep, recv_c)
-        plan = cls(
-            send_index=cand_local[kept_back],
-            send_counts=send_counts,
-            recv_counts=recv_counts,
-            ghost_global_index=incoming[keep, dim].long(),
-            ghost_points=incoming[keep, :dim].to(local_points.dtype),
-            num_owned=local_points.shape[0],
-            offsets=spec.offsets,
-            rank=rank,
-            group=group,
-            radius=radius,
-        )
-        return plan.validate() if comm.validate_enabled() else plan
 
     @classmethod
     def from_ghost_ids(cls, points: ShardTensor | torch.Tensor, ghost_ids: torch.Tensor) -> HaloPlan:
@@ -365,14 +276,14 @@ class HaloPlan:
         check_coordinate_tensor(points, "points")
         if not isinstance(ghost_ids, torch.Tensor) or ghost_ids.dim() != 1 or ghost_ids.is_floating_point():
             raise TypeError(f"ghost_ids must be a 1-D integer tensor (got {ghost_ids!r:.60})")
-        local = (points.to_local() if isinstance(points, ShardTensor) else points).detach()
+        local = local_of(points).detach()
         ghost_ids = torch.unique(ghost_ids.to(device=local.device, dtype=torch.long))  # sorted: grouped by owner
         if not isinstance(points, ShardTensor):
             if ghost_ids.numel():
                 raise ValueError(
                     f"a plain tensor has no other ranks, so ghost_ids must be empty (got {ghost_ids.numel()})"
                 )
-            return cls._build(points, None, torch.zeros(0, dtype=torch.float64))
+            return build_plan(points, None, torch.zeros(0, dtype=torch.float64))
         spec = points.spec
         group, rank, world = spec.group, spec.rank, spec.num_ranks
         offsets = torch.tensor(spec.offsets, device=local.device)
@@ -415,10 +326,6 @@ class HaloPlan:
     def num_sent(self) -> int:
         """Rows this rank sends per exchange (an owned point sent to two ranks counts twice)."""
         return sum(self.send_counts)
-
-    @property
-    def num_extended(self) -> int:
-        return self.num_owned + self.num_ghosts
 
     @property
     def num_ranks(self) -> int:
@@ -514,7 +421,7 @@ class HaloPlan:
         gradients back to their owners, which ``index_select``'s backward **adds** into the owned
         rows (a point that is a ghost of several ranks receives the sum).
         """
-        local = features.to_local() if isinstance(features, ShardTensor) else features
+        local = local_of(features)
         if not isinstance(local, torch.Tensor):
             raise TypeError(f"features must be a torch.Tensor (got {type(features).__name__})")
         if local.dim() == 0 or local.shape[0] != self.num_owned:
@@ -535,18 +442,103 @@ class HaloPlan:
         )
 
 
+def build_plan(
+    points: ShardTensor | torch.Tensor,
+    queries: ShardTensor | torch.Tensor | None,
+    r2: float | torch.Tensor,
+    *,
+    regions: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> HaloPlan:
+    """`HaloPlan.build` from the squared radius (scalar, or exact per-query float64 bounds).
+
+    For the ops of this package, which have checked the coordinates and the radius already:
+    nothing is checked here.
+    """
+    if queries is None:
+        queries = points
+    radius = None if isinstance(r2, torch.Tensor) else math.sqrt(r2)
+    if not isinstance(points, ShardTensor):
+        local = points.detach()
+        n = local.shape[0]
+        return HaloPlan(
+            send_index=torch.zeros(0, dtype=torch.long, device=local.device),
+            send_counts=(0,),
+            recv_counts=(0,),
+            ghost_global_index=torch.zeros(0, dtype=torch.long, device=local.device),
+            ghost_points=local[:0],
+            num_owned=n,
+            offsets=(0, n),
+            rank=0,
+            group=None,
+            radius=radius,
+        )
+    spec = points.spec
+    group, rank, world = spec.group, spec.rank, spec.num_ranks
+    local_points = points.to_local().detach()
+    local_queries = local_of(queries).detach()
+    dim = local_points.shape[1]
+    device = local_points.device
+    if regions is not None:
+        regions = torch.as_tensor(regions).to(device, torch.float64)
+        if regions.shape != (world, 2, dim):
+            raise ValueError(
+                f"regions must have shape (P, 2, D) = ({world}, 2, {dim}) (got {tuple(regions.shape)})"
+            )
+        boxes = torch.cat(
+            [
+                regions.reshape(world, 2 * dim),
+                torch.full((world, 1), r2, device=device, dtype=torch.float64),
+            ],
+            1,
+        )
+    else:
+        boxes = comm.all_gather(_query_box(local_queries, r2), group)
+    dest, cand_local = _candidates(local_points, boxes, rank)
+    cand_counts = torch.bincount(dest, minlength=world)
+    peer_counts = comm.all_to_all(cand_counts.reshape(world, 1), [1] * world, [1] * world, group)
+    send_c = cand_counts.tolist()
+    recv_c = peer_counts.reshape(-1).tolist()
+    payload = torch.cat(
+        [
+            local_points.index_select(0, cand_local).to(torch.float64),
+            (cand_local + spec.offsets[rank]).to(torch.float64)[:, None],
+        ],
+        1,
+    )
+    incoming = comm.all_to_all(payload, send_c, recv_c, group)
+    keep = _keep_mask(local_queries, r2, incoming[:, :dim], recv_c, backend)
+    kept_back = comm.all_to_all(keep, recv_c, send_c, group)
+    send_counts = _segment_sums(kept_back, send_c)
+    recv_counts = _segment_sums(keep, recv_c)
+    plan = HaloPlan(
+        send_index=cand_local[kept_back],
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+        ghost_global_index=incoming[keep, dim].long(),
+        ghost_points=incoming[keep, :dim].to(local_points.dtype),
+        num_owned=local_points.shape[0],
+        offsets=spec.offsets,
+        rank=rank,
+        group=group,
+        radius=radius,
+    )
+    return plan.validate() if comm.validate_enabled() else plan
+
+
 def simulate_halo(
     points_per_rank: Sequence[torch.Tensor],
     radius: float,
     queries_per_rank: Sequence[torch.Tensor] | None = None,
     *,
     row_bytes: int | None = None,
-    backend: str | None = None,
 ) -> dict[str, Any]:
     """Build the halo plans of ``P`` ranks in one process (no process group) and report their size.
 
-    Uses the same functions as :meth:`HaloPlan.build`, so the counts are those a ``P``-rank run
-    would get. For capacity planning (``meshshard plan``) and benchmarks.
+    The ghosts are the exact ghost sets (:func:`meshshard.partition._ghosts.ghost_sets`, which
+    decides the closed ball as :meth:`HaloPlan.build` does), so the counts are those a ``P``-rank
+    run would get; the candidates are those of the plan's box test. For capacity planning
+    (``meshshard plan``) and benchmarks.
 
     Parameters
     ----------
@@ -580,25 +572,21 @@ def simulate_halo(
     if row_bytes is None:
         row_bytes = dim * points_per_rank[0].element_size()
     r2 = radius * radius
-    boxes = torch.stack([_query_box(q, r2) for q in queries_per_rank])
-    send = [[0] * world for _ in range(world)]
-    candidates = [0] * world
-    incoming: list[list[torch.Tensor]] = [[] for _ in range(world)]
-    for s, pts in enumerate(points_per_rank):
-        dest, local = _candidates(pts, boxes.to(pts.device), s)
-        candidates[s] = int(dest.numel())
-        for r in range(world):
-            incoming[r].append(pts.index_select(0, local[dest == r]))
-    for r in range(world):
-        sizes = [int(t.shape[0]) for t in incoming[r]]
-        if sum(sizes) == 0:
-            continue
-        keep = _keep_mask(queries_per_rank[r], r2, torch.cat(incoming[r]), sizes, backend)
-        for s, kept in enumerate(_segment_sums(keep, sizes)):
-            send[s][r] = kept
-    num_sent = [sum(row) for row in send]
-    num_ghosts = [sum(send[s][r] for s in range(world)) for r in range(world)]
+    # The sends are the exact ghost sets (rank s sends r its points that are ghosts of r) ...
     num_owned = [int(p.shape[0]) for p in points_per_rank]
+    owner = _rank_of_rows(points_per_rank)
+    points = torch.cat([p.detach().cpu() for p in points_per_rank])
+    queries = query_owner = None
+    if queries_per_rank is not points_per_rank:
+        queries = torch.cat([q.detach().cpu() for q in queries_per_rank])
+        query_owner = _rank_of_rows(queries_per_rank)
+    ghosts = ghost_sets(points, owner, world, radius, queries=queries, query_owner=query_owner)
+    send = torch.stack([torch.bincount(owner[g], minlength=world) for g in ghosts], 1).tolist()
+    # ... and the candidates are what the box test of HaloPlan.build would send to be checked.
+    boxes = torch.stack([_query_box(q, r2) for q in queries_per_rank])
+    candidates = [int(_candidates(pts, boxes.to(pts.device), s)[0].numel()) for s, pts in enumerate(points_per_rank)]
+    num_sent = [sum(row) for row in send]
+    num_ghosts = [len(g) for g in ghosts]
     total = sum(num_owned)
     ring = [(world - 1) * n * row_bytes for n in num_owned]
     return {
@@ -618,6 +606,7 @@ def simulate_halo(
     }
 
 
-# Last, not at the top: importing ``ops._kernels`` runs ``meshshard.ops``, whose ``neighbors`` imports
-# this module's names; they exist by now, so ``import meshshard.halo`` works before ``meshshard.ops``.
-from .ops._kernels import points_near_boxes, points_within, sq_dist  # noqa: E402
+def _rank_of_rows(per_rank: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``(sum N_r,)``: the rank of every row of the concatenated per-rank tensors."""
+    sizes = torch.tensor([int(t.shape[0]) for t in per_rank], dtype=torch.long)
+    return torch.repeat_interleave(torch.arange(len(per_rank)), sizes)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -198,34 +197,6 @@ class _Crash(Exception):
     pass
 
 
-def test_checkpoint_write_crash_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    from meshshard._apps import train
-
-    path = tmp_path / "checkpoint.pt"
-    train._atomic_save({"step": 2, "w": torch.arange(4)}, path)
-    real_save = torch.save
-
-    def half_then_crash(obj, f, *a, **k):
-        f.write(b"PK\x03\x04 half a zip")  # some bytes hit the temporary file, then the process "dies"
-        raise _Crash
-
-    monkeypatch.setattr(torch, "save", half_then_crash)
-    with pytest.raises(_Crash):
-        train._atomic_save({"step": 4, "w": torch.zeros(4)}, path)
-    monkeypatch.setattr(torch, "save", real_save)
-    ckpt = torch.load(path, weights_only=False)
-    assert ckpt["step"] == 2 and torch.equal(ckpt["w"], torch.arange(4))
-
-    def no_rename(src, dst):
-        raise _Crash
-
-    monkeypatch.setattr(os, "replace", no_rename)  # crash after fsync, before the rename
-    with pytest.raises(_Crash):
-        train._atomic_save({"step": 6, "w": torch.ones(4)}, path)
-    monkeypatch.undo()
-    assert torch.load(path, weights_only=False)["step"] == 2
-
-
 def test_store_json_write_crash_keeps_the_previous_version(tmp_path, monkeypatch):
     from meshshard.datasets import _store
 
@@ -264,43 +235,3 @@ def test_store_run_folder_replacement_crash_keeps_a_readable_run(tmp_path, monke
         _store.replace_dir(new, final)
     monkeypatch.undo()
     assert json.loads((final / "run.json").read_text())["v"] == 1  # rolled back: the previous run
-
-
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory) -> Path:
-    from meshshard.datasets import make_synthetic_drivaerml, preprocess
-
-    root = tmp_path_factory.mktemp("faults")
-    make_synthetic_drivaerml(root / "raw", 3, surface_cells=300, volume_cells=0, seed=5)
-    report = preprocess(root / "raw", root / "store", parts=(1,), workers=1, splits=(0.6, 0.2, 0.2), progress=False)
-    assert report.ok
-    return root / "store"
-
-
-def test_resume_after_a_crash_during_a_checkpoint_write(tiny_store, tmp_path, monkeypatch):
-    from meshshard._apps import train
-
-    def config(out: Path, resume: bool = False) -> train.TrainConfig:
-        return train.TrainConfig(store=str(tiny_store), out=str(out), steps=4, checkpoint_every=2, n_hidden=8,
-                                 n_layers=1, n_head=2, slice_num=4, quiet=True, resume=resume)
-
-    reference = train.train(config(tmp_path / "ref"))["losses"]
-    real_save, saves = train._atomic_save, []
-
-    def crash_on_second_checkpoint(obj, path):
-        saves.append(obj["step"])
-        if len(saves) == 2:
-            torch.save(obj, str(path) + ".partial")  # the half-written temporary a crash leaves
-            raise _Crash
-        real_save(obj, path)
-
-    out = tmp_path / "crashed"
-    monkeypatch.setattr(train, "_atomic_save", crash_on_second_checkpoint)
-    with pytest.raises(_Crash):
-        train.train(config(out))
-    monkeypatch.undo()
-    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 2  # the previous one
-    resumed = train.train(config(out, resume=True))
-    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log] == [1, 2, 3, 4]  # none repeated, none skipped
-    assert resumed["losses"] == pytest.approx(reference, rel=1e-6)

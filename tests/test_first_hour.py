@@ -204,13 +204,6 @@ def test_plan_radius_must_be_positive(radius, capsys):
     assert "expected a positive number" in capsys.readouterr().err
 
 
-def test_plan_api_radius_check():
-    from meshshard._apps.plan import plan
-
-    with pytest.raises(SystemExit, match="--radius must be a positive number"):
-        plan(num_points=100, parts=2, radius=-1.0)
-
-
 def test_partition_given_a_folder(tmp_path, capsys):
     line = _usage_error(["partition", str(tmp_path)], capsys)
     assert "is a folder" in line and ".npy" in line and ".vtu" in line

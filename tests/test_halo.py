@@ -202,3 +202,16 @@ def test_exchange_rejects_wrong_rows():
     plan = HaloPlan.build(torch.zeros(3, 3), 1.0)
     with pytest.raises(ValueError, match=r"features must have N_local = 3 rows"):
         plan.exchange(torch.zeros(2, 5))
+
+
+def test_simulate_halo_with_other_queries_counts_the_exact_ghosts():
+    pts, queries = cloud(240, 2), cloud(90, 3) + 0.125
+    per_rank, q_per_rank = list(pts.split([100, 0, 140])), list(queries.split([30, 40, 20]))
+    rep = simulate_halo(per_rank, 0.3, q_per_rank)
+    offsets = [0, 100, 100, 240]
+    for r in range(3):
+        ghosts = torch.tensor(expected_ghosts(pts, offsets, r, q_per_rank[r], 0.3), dtype=torch.long)
+        owners = torch.bucketize(ghosts, torch.tensor(offsets[1:]), right=True)
+        assert [rep["send_counts"][s][r] for s in range(3)] == torch.bincount(owners, minlength=3).tolist()
+        assert rep["num_ghosts"][r] == len(ghosts)
+    assert rep["num_owned"] == [100, 0, 140] and rep["send_counts"][1] == [0, 0, 0]

@@ -1,4 +1,4 @@
-"""The layers of meshshard: the module-level import graph has no cycle, and lower layers import alone.
+"""The layers of meshshard: no import cycle, every import goes down a layer, and lower layers import alone.
 
 The graph is read from the source with :mod:`ast` (nothing is imported): an edge ``a -> b`` for every
 ``import``/``from ... import`` at the top level of module ``a`` (also inside top-level ``if``/``try``/``with``,
@@ -22,13 +22,57 @@ import meshshard
 PACKAGE = Path(meshshard.__file__).parent
 ROOT = PACKAGE.parent
 
-#: Cycles that are known and being removed; each entry is a set of modules that may form one strongly
-#: connected component (a cycle among a subset of them is allowed too). Remove an entry once it is fixed.
-ALLOWED_CYCLES: list[frozenset[str]] = [
-    # halo.py imports the local kernels from ops/_kernels, which runs ops/__init__, whose neighbors.py and
-    # graph.py import halo. The kernels are moving below both (issue 16); delete this entry then.
-    frozenset({"meshshard.halo", "meshshard.ops", "meshshard.ops.graph", "meshshard.ops.neighbors"}),
-]
+#: The layers, lowest first (``shared/DESIGN.md``): a module may import, at module level, only modules of its
+#: own layer or lower ones. A module's layer is that of the longest prefix listed here; a meshshard module
+#: that no prefix matches fails the test, so a new module must be given a layer.
+LAYERS: dict[str, int] = {
+    "meshshard": 0,  # the package itself: names are imported on first use (PEP 562)
+    "meshshard.errors": 0,
+    "meshshard._checks": 0,
+    "meshshard._sizes": 0,
+    "meshshard._atomic": 0,
+    "meshshard._spawn": 0,
+    "meshshard._config": 0,  # TransolverConfig: standard library only, so the CLI's --help stays light
+    "meshshard.partition": 1,  # geometry
+    "meshshard.kernels": 2,  # local neighbour kernels
+    "meshshard.comm": 3,
+    "meshshard.device_mesh": 3,
+    "meshshard.faults": 3,
+    "meshshard.tensor": 4,
+    "meshshard.partition._repartition": 4,  # the parallel partitioner uses the tensor core's collectives
+    "meshshard.halo": 5,
+    "meshshard.ops": 6,
+    "meshshard.nn": 7,
+    "meshshard.io": 8,
+    "meshshard.datasets": 9,
+    "meshshard.training": 10,  # workflows
+    "meshshard.planning": 10,
+    "meshshard.cli": 11,
+    "meshshard.testing": 12,  # test support, on top
+}
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of ``module`` (longest listed prefix), or ``None`` when no prefix matches.
+
+    ``"meshshard"`` names the package's own ``__init__`` only, not a prefix of every module.
+    """
+    parts = module.split(".")
+    for i in range(len(parts), 1, -1):
+        rank = LAYERS.get(".".join(parts[:i]))
+        if rank is not None:
+            return rank
+    return LAYERS.get(module)
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """The edges of ``graph`` from a module to a module of a higher layer, as readable lines."""
+    return sorted(
+        f"{source} (layer {layer_of(source)}) -> {target} (layer {layer_of(target)})"
+        for source, targets in graph.items()
+        for target in targets
+        if None not in (layer_of(source), layer_of(target)) and layer_of(target) > layer_of(source)
+    )
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -140,16 +184,43 @@ def test_the_cycle_finder_finds_cycles():
     assert sorted(map(sorted, strongly_connected_components(graph))) == [["a", "b", "c"], ["e"]]
 
 
-def test_module_level_imports_form_no_cycle_beyond_the_allow_list():
+def test_module_level_imports_form_no_cycle():
     cycles = strongly_connected_components(import_graph())
-    unexpected = [sorted(c) for c in cycles if not any(c <= allowed for allowed in ALLOWED_CYCLES)]
-    assert not unexpected, f"import cycles among meshshard modules: {unexpected}"
+    assert not cycles, f"import cycles among meshshard modules: {sorted(map(sorted, cycles))}"
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted(m for m in _modules() if layer_of(m) is None)
+    assert not unknown, f"meshshard modules without a layer (add them to LAYERS): {unknown}"
+
+
+def test_the_layer_table_ranks_by_longest_prefix():
+    assert layer_of("meshshard.partition._rcb") == LAYERS["meshshard.partition"]
+    assert layer_of("meshshard.partition._repartition") == LAYERS["meshshard.tensor"]
+    assert layer_of("meshshard.kernels._fused") == LAYERS["meshshard.kernels"]
+    assert layer_of("meshshard.cli.train") == LAYERS["meshshard.cli"]
+    assert layer_of("meshshard") == 0
+    assert layer_of("meshshard.unknown") is None and layer_of("meshshardx.ops") is None
+
+
+def test_the_layer_check_finds_an_upward_edge():
+    graph = {"meshshard.partition._core": {"meshshard.io", "meshshard._checks"}, "meshshard.ops": {"meshshard.halo"}}
+    assert upward_edges(graph) == ["meshshard.partition._core (layer 1) -> meshshard.io (layer 8)"]
+
+
+def test_module_level_imports_go_to_the_same_or_a_lower_layer():
+    upward = upward_edges(import_graph())
+    assert not upward, "imports that reach up a layer:\n" + "\n".join(upward)
 
 
 @pytest.mark.parametrize(
     "module, must_not_load",
     [
         ("meshshard.partition", ["meshshard.tensor", "meshshard.ops", "meshshard.nn", "torch.distributed.tensor"]),
+        ("meshshard.kernels", [
+            "meshshard.comm", "meshshard.tensor", "meshshard.halo", "meshshard.ops", "meshshard.nn"
+        ]),
+        ("meshshard.halo", ["meshshard.ops", "meshshard.nn", "meshshard.datasets", "meshshard.io"]),
         ("meshshard.tensor", ["meshshard.ops", "meshshard.nn", "meshshard.datasets", "meshshard.io"]),
         ("meshshard.ops", ["meshshard.nn", "meshshard.datasets", "meshshard.io"]),
     ],

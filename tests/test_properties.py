@@ -6,7 +6,7 @@ the single-process answer. Few examples (the pools are shared with the rest of t
 example costs one round trip to warm workers).
 
 Already covered elsewhere and not repeated: partitioner invariants
-(``tests/partition/test_partition_properties.py``) and single-process neighbour search vs brute
+(``tests/partition/test_core.py``) and single-process neighbour search vs brute
 force over random clouds (``tests/ops/test_neighbors.py``). New here: the sharded versions over
 *drawn* world sizes, layouts and radii.
 """
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import meshshard as ms
 from meshshard.ops import ball_query, knn
-from meshshard.partition import partition
+from meshshard.partition import Partition, partition
 from meshshard.testing import run_distributed
 
 SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -40,7 +40,7 @@ def _shard_tensor_checks(sizes, channels, seed, permute, new_sizes):
     g = torch.Generator().manual_seed(seed)
     full = torch.randn(n, channels, generator=g, dtype=torch.float64)
     perm = torch.randperm(n, generator=g) if permute else torch.arange(n)
-    part = _Partition(perm, sizes) if permute else sizes
+    part = _partition_of(perm, sizes) if permute else sizes
     x = ms.scatter(full, part, mesh)
     ordered = full[perm]
     bad = []
@@ -74,9 +74,8 @@ def _shard_tensor_checks(sizes, channels, seed, permute, new_sizes):
     return bad
 
 
-class _Partition:
-    def __init__(self, perm, sizes):
-        self.perm, self.sizes = perm, torch.tensor(sizes)
+def _partition_of(perm, sizes) -> Partition:
+    return Partition(perm, torch.as_tensor(sizes, dtype=torch.long))
 
 
 @SETTINGS
@@ -128,7 +127,7 @@ def _layout(cloud: torch.Tensor, world: int, method: str, seed: int):
         weights = torch.randint(0, 4, (world,), generator=g).float() + 0.01
         sizes = (weights / weights.sum() * cloud.shape[0]).floor().long()
         sizes[-1] += cloud.shape[0] - sizes.sum()
-        return _Partition(perm, sizes.tolist()), perm
+        return _partition_of(perm, sizes.tolist()), perm
     part = partition(cloud, world, method=method)
     return part, part.perm
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests._torchrun import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -48,13 +49,6 @@ def test_readme_block_runs(index, tmp_path):
     script.write_text(block)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VTK_DEFAULT_OPENGL_WINDOW": "vtkEGLRenderWindow",
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run(_command(block, script), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=800)
-    first = ""
-    if res.returncode != 0 and "Signal 6 (SIGABRT)" in res.stderr:
-        # A torchrun rank can abort in gloo's threads at interpreter exit on a starved machine (issue 18; the CLI
-        # avoids it with os._exit, a user script cannot): run once more, and show both runs if it fails again.
-        first = f"--- first run, SIGABRT\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}\n"
-        res = subprocess.run(_command(block, script), cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=800)
+    res, first = run_script(_command(block, script), cwd=tmp_path, env=env, timeout=800)
     assert res.returncode == 0, f"README block {index} failed:\n{block}\n{first}--- stdout\n{res.stdout[-3000:]}\n" \
                                 f"--- stderr\n{res.stderr[-5000:]}"

@@ -66,6 +66,7 @@ import torch
 
 from ..errors import DatasetError
 from ._store import NpyHeader, read_rows
+from .drivaerml import open_root
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -290,11 +291,7 @@ class CuratorDrivaerML:
         surface: bool = True,
         volume: bool = False,
     ) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"root: {self.root} is not a directory")
-        if not (surface or volume):
-            raise ValueError("at least one of surface, volume must be True (got both False)")
+        self.root = open_root(root, surface, volume)
         found: dict[int, list[Path]] = {}
         for p in self.root.iterdir():
             m = _RUN_FILE.match(p.name)

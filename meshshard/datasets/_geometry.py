@@ -1,14 +1,17 @@
-"""Cell geometry of polygonal and volumetric meshes as numpy arrays (float64, vectorised).
+"""Geometry of polygonal surface cells as numpy arrays (float64, vectorised): vector areas, normals.
 
 A cell is given by its vertex ids in a flat ``connectivity`` array and ``offsets`` (``C + 1``
-entries, VTK's layout): cell ``c`` has vertices ``connectivity[offsets[c]:offsets[c + 1]]``.
+entries, VTK's layout): cell ``c`` has vertices ``connectivity[offsets[c]:offsets[c + 1]]``. Cell
+centres are :func:`meshshard.partition._cells.cell_centres`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["cell_centres", "polygon_vector_areas", "polygon_normals_areas"]
+from ..partition._cells import cell_centres
+
+__all__ = ["polygon_vector_areas", "polygon_normals_areas"]
 
 
 def _cell_index(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -16,21 +19,6 @@ def _cell_index(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if counts.size and counts.min() < 1:
         raise ValueError(f"every cell must have at least one vertex (got a cell with {counts.min()})")
     return counts, offsets[:-1]
-
-
-def cell_centres(points: np.ndarray, connectivity: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Vertex-mean centre of every cell.
-
-    **Shapes**: ``points`` (V, 3), ``connectivity`` (K,), ``offsets`` (C + 1,) -> (C, 3) float64.
-    """
-    counts, starts = _cell_index(offsets)
-    if counts.size == 0:
-        return np.zeros((0, 3))
-    if np.all(counts == counts[0]):  # one cell type: a reshape instead of a segmented sum
-        k = int(counts[0])
-        return points[connectivity[: k * counts.size].reshape(-1, k)].astype(np.float64).mean(axis=1)
-    sums = np.add.reduceat(points[connectivity].astype(np.float64), starts, axis=0)
-    return sums / counts[:, None]
 
 
 def polygon_vector_areas(points: np.ndarray, connectivity: np.ndarray, offsets: np.ndarray) -> np.ndarray:

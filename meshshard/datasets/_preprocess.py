@@ -61,6 +61,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_positive_int
+from .._config import PARTITION_METHODS
 from ._curator import CuratorDrivaerML
 from ._sdf import resolve_backend, signed_distance
 from ._store import (
@@ -77,7 +79,7 @@ from .drivaerml import FIELD_UNITS, DrivaerML
 
 __all__ = ["preprocess", "PreprocessReport", "load_meta", "SOURCES"]
 
-_METHODS = ("rcb", "morton", "hilbert")
+_METHODS = PARTITION_METHODS
 #: Input layouts :func:`preprocess` reads.
 SOURCES = ("drivaerml", "physicsnemo-curator")
 
@@ -130,7 +132,7 @@ def load_meta(store: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def _order_key(chain: Sequence[int]) -> str:
+def order_key(chain: Sequence[int]) -> str:
     return f"p{chain[-1]}"
 
 
@@ -172,13 +174,13 @@ def _process_run(task: _Task) -> tuple[int, str | None, dict[str, int]]:
             pos = torch.from_numpy(arrays["pos"])
             for chain in task.chains:
                 perm, sizes = nested_partition(pos, chain, task.method)
-                order_dir = tmp / kind / _order_key(chain)
+                order_dir = tmp / kind / order_key(chain)
                 order_dir.mkdir(parents=True)
                 perm_np = perm.numpy()
                 np.save(order_dir / "perm.npy", perm_np)
                 for name, values in arrays.items():
                     np.save(order_dir / f"{name}.npy", values[perm_np])
-                kind_info["orders"][_order_key(chain)] = {str(p): sizes[p] for p in (1, *chain)}
+                kind_info["orders"][order_key(chain)] = {str(p): sizes[p] for p in (1, *chain)}
             info["kinds"][kind] = kind_info
         atomic_write_json(tmp / "run.json", info)
         replace_dir(tmp, runs_dir / f"run_{task.run}")
@@ -201,11 +203,11 @@ def _volume_sdf(
     ds: DrivaerML | CuratorDrivaerML, run: int, points: np.ndarray, backend: str, chunk_size: int
 ) -> np.ndarray:
     if isinstance(ds, DrivaerML):
-        return _sdf_to_stl(ds.stl_path(run), points, backend, chunk_size)
+        return sdf_to_stl(ds.stl_path(run), points, backend, chunk_size)
     return ds.sdf(run, points, backend=backend, chunk_size=chunk_size)
 
 
-def _sdf_to_stl(stl_path: Path, points: np.ndarray, backend: str, chunk_size: int) -> np.ndarray:
+def sdf_to_stl(stl_path: Path, points: np.ndarray, backend: str, chunk_size: int) -> np.ndarray:
     import trimesh
 
     if not stl_path.is_file():
@@ -220,7 +222,7 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _read_run_info(run_dir: Path) -> dict[str, Any] | None:
+def read_run_info(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "run.json"
     if not path.is_file():
         return None
@@ -261,7 +263,7 @@ def _refuse_to_drop(
         except (OSError, ValueError, AttributeError):
             pass
     for run in runs:
-        info = _read_run_info(store / "runs" / f"run_{run}")
+        info = read_run_info(store / "runs" / f"run_{run}")
         if info is not None and isinstance(info.get("config"), dict):
             config = info["config"]
             note(config.get("kinds"), [p for chain in config.get("chains", []) for p in chain], config.get("fields"))
@@ -288,7 +290,7 @@ def _refuse_to_drop(
     )
 
 
-def _check_args(
+def check_args(
     parts: Sequence[int], method: str, surface: bool, volume: bool, workers: int, chunk_size: int
 ) -> tuple[int, ...]:
     if isinstance(parts, int):
@@ -301,10 +303,8 @@ def _check_args(
         raise ValueError(f"method must be one of {_METHODS} (got {method!r})")
     if not (surface or volume):
         raise ValueError("at least one of surface, volume must be True (got both False)")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive int (got {workers!r})")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive (got {chunk_size})")
+    check_positive_int(workers, "workers")
+    check_positive_int(chunk_size, "chunk_size")
     return tuple(sorted({int(p) for p in parts}))
 
 
@@ -390,7 +390,7 @@ def preprocess(
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    parts = _check_args(parts, method, surface, volume, workers, chunk_size)
+    parts = check_args(parts, method, surface, volume, workers, chunk_size)
     sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
     kinds = tuple(k for k, on in (("surface", surface), ("volume", volume)) if on)
     reader = _open_source(source, data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
@@ -420,7 +420,7 @@ def preprocess(
     todo = []
     for run in reader.runs:
         recover_dir(runs_dir / f"run_{run}")  # a crash inside replace_dir may have left only the backup
-        info = _read_run_info(runs_dir / f"run_{run}")
+        info = read_run_info(runs_dir / f"run_{run}")
         if info is not None and info.get("config") == config:
             report.skipped.append(run)
         else:
@@ -476,7 +476,7 @@ def preprocess(
         else:
             report.failed[run] = error
 
-    _write_meta(store, reader, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
+    write_meta(store, reader, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
     report.seconds = time.perf_counter() - started
     if report.failed:
         lines = "; ".join(f"run {r}: {msg}" for r, msg in report.failed.items())
@@ -484,7 +484,7 @@ def preprocess(
     return report
 
 
-def _write_meta(
+def write_meta(
     store: Path,
     source: DrivaerML | CuratorDrivaerML,
     split: dict[str, list[int]],
@@ -499,13 +499,13 @@ def _write_meta(
 ) -> None:
     infos = {}
     for run in source.runs:
-        info = _read_run_info(store / "runs" / f"run_{run}")
+        info = read_run_info(store / "runs" / f"run_{run}")
         if run not in report.failed and info is not None and info.get("config") == config:
             infos[run] = info
-    order_of = {"1": _order_key(chains[0])}
+    order_of = {"1": order_key(chains[0])}
     for chain in chains:
         for p in chain:
-            order_of.setdefault(str(p), _order_key(chain))
+            order_of.setdefault(str(p), order_key(chain))
 
     fields: dict[str, dict[str, Any]] = {}
     stats: dict[str, dict[str, Any]] = {}
@@ -539,7 +539,7 @@ def _write_meta(
         "method": config["method"],
         "parts": list(parts),
         "kinds": list(kinds),
-        "orders": {_order_key(c): [1, *c] if c[0] != 1 else list(c) for c in chains},
+        "orders": {order_key(c): [1, *c] if c[0] != 1 else list(c) for c in chains},
         "order_of": order_of,
         "fields": fields,
         "stats": stats,

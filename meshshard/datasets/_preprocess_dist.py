@@ -30,15 +30,17 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed import ProcessGroup
+from torch.distributed.device_mesh import DeviceMesh
 
 from .. import comm
-from ._preprocess import PreprocessReport, _check_args, _order_key, _read_run_info, _sdf_to_stl, _write_meta
+from ._preprocess import PreprocessReport, check_args, order_key, read_run_info, sdf_to_stl, write_meta
 from ._sdf import resolve_backend
 from ._store import FieldStats, atomic_write_json, divisor_chains, recover_dir, replace_dir, split_runs
 from .drivaerml import DrivaerML
@@ -48,11 +50,11 @@ __all__ = ["preprocess_distributed"]
 _MSG_BYTES = 1024
 
 
-def _barrier(group: Any) -> None:
+def _barrier(group: ProcessGroup | None) -> None:
     comm.all_reduce_(torch.zeros(1), group)
 
 
-def _share_errors(error: str | None, group: Any) -> list[str | None]:
+def _share_errors(error: str | None, group: ProcessGroup | None) -> list[str | None]:
     """Every rank's error message (or ``None``), on every rank: one all_gather of 1 KiB per rank."""
     buf = torch.zeros(_MSG_BYTES + 1, dtype=torch.uint8)
     if error is not None:
@@ -94,7 +96,7 @@ def preprocess_distributed(
     fields: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     sdf_backend: str = "auto",
     chunk_size: int = 1_000_000,
-    mesh: Any = None,
+    mesh: DeviceMesh | None = None,
 ) -> PreprocessReport:
     """Build the store of :func:`~meshshard.datasets.preprocess` with every rank of a process group.
 
@@ -108,7 +110,7 @@ def preprocess_distributed(
     statistics) plus those of :func:`meshshard.partition.repartition` for each divisor chain.
     """
     import meshshard as ms
-    from meshshard.partition._repartition import _repartition
+    from meshshard.partition._repartition import repartition_with_payload
 
     started = time.perf_counter()
     if mesh is None:
@@ -116,7 +118,7 @@ def preprocess_distributed(
     group = mesh.get_group(mesh.ndim - 1)
     rank = mesh.get_local_rank(mesh.ndim - 1)
     world = mesh.size(mesh.ndim - 1)
-    parts = _check_args(parts, method, surface, volume, 1, chunk_size)
+    parts = check_args(parts, method, surface, volume, 1, chunk_size)
     chains = tuple(tuple(c) for c in divisor_chains(parts))
     for chain in chains:
         levels = [p for p in chain if p > 1]
@@ -147,14 +149,14 @@ def preprocess_distributed(
     report = PreprocessReport(store=store)
     todo = []
     for run in source.runs:
-        info = _read_run_info(runs_dir / f"run_{run}")
+        info = read_run_info(runs_dir / f"run_{run}")
         (report.skipped if info is not None and info.get("config") == config else todo).append(run)
     for j, run in enumerate(todo):
         tmp = runs_dir / f".tmp-run_{run}-ranks{world}"
         reader = j % world
         error, cells = _run(
             source, run, tmp, runs_dir, kinds, field_names, chains, method, sdf_backend, chunk_size, config,
-            mesh, group, rank, world, reader, _repartition,
+            mesh, group, rank, world, reader, repartition_with_payload,
         )  # fmt: skip
         if error is None:
             report.processed.append(run)
@@ -166,7 +168,7 @@ def preprocess_distributed(
                 shutil.rmtree(tmp, ignore_errors=True)
         _barrier(group)
     if rank == 0:
-        _write_meta(store, source, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
+        write_meta(store, source, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
     _barrier(group)
     report.seconds = time.perf_counter() - started
     return report
@@ -184,12 +186,12 @@ def _run(
     sdf_backend: str,
     chunk_size: int,
     config: dict[str, Any],
-    mesh: Any,
-    group: Any,
+    mesh: DeviceMesh,
+    group: ProcessGroup | None,
     rank: int,
     world: int,
     reader: int,
-    repartition_fn: Any,
+    repartition_fn: Callable[..., Any],
 ) -> tuple[str | None, dict[str, int]]:
     """Process one run on every rank; returns the first rank's error (same on every rank) and cell counts."""
     import meshshard as ms
@@ -243,7 +245,7 @@ def _run(
         kind_info: dict[str, Any] = {"num_points": num_points, "fields": {}, "stats": {}, "orders": {}}
         for c, chain in enumerate(chains):
             levels = [p for p in chain if p > 1]
-            key = _order_key(chain)
+            key = order_key(chain)
             if levels:
                 _, ids, moved, part_sizes = repartition_fn(
                     x, method, num_parts=levels[-1], payload=torch.from_numpy(payload)
@@ -263,7 +265,7 @@ def _run(
             try:
                 if kind == "volume":
                     local["sdf"] = np.ascontiguousarray(
-                        _sdf_to_stl(source.stl_path(run), local.pop("_pos64"), sdf_backend, chunk_size),
+                        sdf_to_stl(source.stl_path(run), local.pop("_pos64"), sdf_backend, chunk_size),
                         dtype=np.float32,
                     )
                 local.pop("_pos64", None)
@@ -304,7 +306,7 @@ def _unpack(rows: np.ndarray, names: list[str], ndims: dict[str, int], widths: d
     return out
 
 
-def _merged_stats(values: np.ndarray, group: Any) -> FieldStats:
+def _merged_stats(values: np.ndarray, group: ProcessGroup | None) -> FieldStats:
     """Statistics of the sharded ``values``: each rank's, merged in rank order (one all_gather)."""
     mine = FieldStats.of(values)
     k = mine.mean.size
@@ -318,7 +320,7 @@ def _merged_stats(values: np.ndarray, group: Any) -> FieldStats:
 
 
 def _write_rows(
-    order_dir: Path, arrays: dict[str, np.ndarray], num_points: int, offset: int, rank: int, group: Any
+    order_dir: Path, arrays: dict[str, np.ndarray], num_points: int, offset: int, rank: int, group: ProcessGroup | None
 ) -> str | None:
     """Rank 0 creates every ``.npy`` at full size; each rank writes its rows in place."""
     error = None

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_positive_int
+
 __all__ = ["SDF_BACKENDS", "signed_distance", "resolve_backend"]
 
 SDF_BACKENDS = ("auto", "igl", "warp")
@@ -46,8 +48,7 @@ def signed_distance(
     **Shapes**: ``points`` (M, 3), ``vertices`` (V, 3), ``faces`` (F, 3) -> (M,) float64.
     """
     backend = resolve_backend(backend)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be positive (got {chunk_size})")
+    check_positive_int(chunk_size, "chunk_size")
     query = _warp_query(vertices, faces) if backend == "warp" else _igl_query(vertices, faces)
     out = np.empty(len(points), dtype=np.float64)
     for start in range(0, len(points), chunk_size):

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
-from ._geometry import cell_centres, polygon_normals_areas
-from ._vtk import read_cell_mesh
+from ..io._read import read_cell_mesh
+from ._geometry import polygon_normals_areas
 
 __all__ = ["DrivaerML", "SURFACE_FIELDS", "VOLUME_FIELDS", "FIELD_UNITS", "FIELD_COMPONENTS", "read_csv_row"]
 
@@ -78,6 +78,16 @@ def _select_fields(
     return tuple(chosen)
 
 
+def open_root(root: str | os.PathLike[str], surface: bool, volume: bool) -> Path:
+    """``root`` as a Path after the checks every DrivaerML reader makes (raw folders and curator output)."""
+    path = Path(root)
+    if not path.is_dir():
+        raise FileNotFoundError(f"root: {path} is not a directory")
+    if not (surface or volume):
+        raise ValueError("at least one of surface, volume must be True (got both False)")
+    return path
+
+
 class DrivaerML:
     """Runs of a DrivaerML-layout folder as point clouds of cell centres.
 
@@ -126,11 +136,7 @@ class DrivaerML:
         surface: bool = True,
         volume: bool = False,
     ) -> None:
-        self.root = Path(root)
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"root: {self.root} is not a directory")
-        if not (surface or volume):
-            raise ValueError("at least one of surface, volume must be True (got both False)")
+        self.root = open_root(root, surface, volume)
         found = sorted(int(m.group(1)) for p in self.root.iterdir() if p.is_dir() and (m := _RUN_DIR.match(p.name)))
         if runs is None:
             if not found:
@@ -183,9 +189,10 @@ class DrivaerML:
         """Surface of ``run`` as numpy arrays: ``pos``, ``normals``, ``areas`` (float64) and fields."""
         names = self.surface_fields if fields is None else tuple(fields)
         mesh = read_cell_mesh(self.surface_path(run), names, FIELD_COMPONENTS)
-        normals, areas = polygon_normals_areas(mesh.points, mesh.connectivity, mesh.offsets)
+        cells = mesh.cells
+        normals, areas = polygon_normals_areas(mesh.points, cells.connectivity, cells.offsets)
         out = {
-            "pos": cell_centres(mesh.points, mesh.connectivity, mesh.offsets),
+            "pos": mesh.centres(),
             "normals": normals,
             "areas": areas,
         }
@@ -197,7 +204,7 @@ class DrivaerML:
         names = self.volume_fields if fields is None else tuple(fields)
         path, parts = self.volume_parts(run)
         mesh = read_cell_mesh(path, names, FIELD_COMPONENTS, parts=parts)
-        out = {"pos": cell_centres(mesh.points, mesh.connectivity, mesh.offsets)}
+        out = {"pos": mesh.centres()}
         out.update(mesh.cell_data)
         return out
 

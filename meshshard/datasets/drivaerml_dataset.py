@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
+from .._checks import check_positive_int
 from ._preprocess import load_meta
 from ._store import NpyHeader, live_dir, read_npy_header, read_rows
 
@@ -95,7 +97,7 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
         split: str = "train",
         kind: str = "surface",
         fields: Sequence[str] | None = None,
-        mesh: Any = "auto",
+        mesh: DeviceMesh | str | None = "auto",
         num_points: int | None = None,
         seed: int = 0,
         normalize: bool = False,
@@ -125,9 +127,7 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
             names = ["pos", *(f for f in fields if f != "pos")]
         self.kind = kind
         self.fields = names
-        if num_points is not None and (isinstance(num_points, bool) or num_points < 1):
-            raise ValueError(f"num_points must be a positive int or None (got {num_points!r})")
-        self.num_points = num_points
+        self.num_points = check_positive_int(num_points, "num_points", allow_none=True)
         self.seed = seed
         self.normalize = normalize
         self.return_index = return_index
@@ -154,20 +154,18 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
         self._headers: dict[Path, NpyHeader] = {}
 
     @staticmethod
-    def _resolve_mesh(mesh: Any) -> Any:
+    def _resolve_mesh(mesh: DeviceMesh | str | None) -> DeviceMesh | None:
         if isinstance(mesh, str):
             if mesh != "auto":
                 raise ValueError(f"mesh must be a DeviceMesh, None or 'auto' (got {mesh!r})")
-            import torch.distributed as dist
+            from meshshard.comm import group_rank_and_size
 
-            if not dist.is_available() or not dist.is_initialized():
+            if group_rank_and_size() is None:  # no process group
                 return None
             from meshshard.device_mesh import init_mesh
 
             return init_mesh()
         if mesh is not None:
-            from torch.distributed.device_mesh import DeviceMesh
-
             if not isinstance(mesh, DeviceMesh):
                 raise TypeError(f"mesh must be a DeviceMesh, None or 'auto' (got {type(mesh).__name__})")
         return mesh

@@ -53,8 +53,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from ._geometry import cell_centres, polygon_normals_areas
+from .._checks import check_positive_int
+from ..partition._cells import cell_centres
+from ._geometry import polygon_normals_areas
 
 __all__ = [
     "U_INF",
@@ -63,6 +66,7 @@ __all__ = [
     "make_synthetic_drivaerml",
     "car_surface",
     "surface_fields",
+    "dynamic_pressure",
     "integrate_forces",
 ]
 
@@ -70,7 +74,14 @@ __all__ = [
 U_INF = 30.0
 #: Air density [kg/m^3] used to convert pressure coefficients to Pa.
 RHO = 1.225
-_Q_INF = 0.5 * RHO * U_INF**2
+
+
+def dynamic_pressure(rho: float = RHO, u_inf: float = U_INF) -> float:
+    """``q = rho U_inf^2 / 2`` [Pa], the scale of the force coefficients."""
+    return 0.5 * rho * u_inf**2
+
+
+_Q_INF = dynamic_pressure()
 
 
 def _smoothstep(x: np.ndarray, centre: float, width: float) -> np.ndarray:
@@ -195,32 +206,44 @@ def surface_fields(params: CarParameters, centres: np.ndarray, normals: np.ndarr
 
 
 def integrate_forces(
-    centres: np.ndarray,
-    normals: np.ndarray,
-    areas: np.ndarray,
-    pressure: np.ndarray,
-    wall_shear: np.ndarray,
+    centres: np.ndarray | torch.Tensor,
+    normals: np.ndarray | torch.Tensor,
+    areas: np.ndarray | torch.Tensor,
+    pressure: np.ndarray | torch.Tensor,
+    wall_shear: np.ndarray | torch.Tensor,
     reference_point: Sequence[float] = (0.0, 0.0, 0.0),
     reference_area: float | None = None,
+    *,
+    rho: float = RHO,
+    u_inf: float = U_INF,
 ) -> dict[str, float]:
     """Integrate ``-p n + tau_w`` over surface cells: forces, moments and coefficients.
 
+    The one force integration of meshshard: the synthetic data's ``force_mom_i.csv`` and the drag
+    and lift of :func:`meshshard.training.evaluate` both come from here. The arrays may be numpy
+    arrays or torch tensors, a :class:`~meshshard.tensor.ShardTensor` sharded over the cells
+    included: every sum is then global, so every rank gets the whole surface's figures. Sums run in
+    float64.
+
     ``reference_area`` defaults to the frontal area ``sum(A max(0, -n_x))`` (the projection of
-    the upstream-facing cells on the ``yz`` plane). Coefficients use ``q = rho U_inf^2 / 2``.
+    the upstream-facing cells on the ``yz`` plane). Coefficients use ``q = rho U_inf^2 / 2``
+    (:func:`dynamic_pressure`; by default DrivaerML's free stream, :data:`RHO` and :data:`U_INF`).
 
     **Shapes**: ``centres``, ``normals``, ``wall_shear`` (N, 3); ``areas``, ``pressure`` (N,).
     """
-    normals = np.asarray(normals, dtype=np.float64)
-    areas = np.asarray(areas, dtype=np.float64)
-    cell_force = (
-        -np.asarray(pressure, dtype=np.float64)[:, None] * normals + np.asarray(wall_shear, dtype=np.float64)
-    ) * areas[:, None]
-    force = cell_force.sum(axis=0)
-    arm = np.asarray(centres, dtype=np.float64) - np.asarray(reference_point, dtype=np.float64)
-    moment = np.cross(arm, cell_force).sum(axis=0)
+
+    def f64(a: np.ndarray | torch.Tensor) -> torch.Tensor:
+        return a.to(torch.float64) if isinstance(a, torch.Tensor) else torch.tensor(np.asarray(a), dtype=torch.float64)
+
+    normals, areas = f64(normals), f64(areas)
+    cell_force = (-f64(pressure).unsqueeze(-1) * normals + f64(wall_shear)) * areas.unsqueeze(-1)
+    fx, fy, fz = (cell_force[:, k] for k in range(3))
+    rx, ry, rz = (f64(centres)[:, k] - float(reference_point[k]) for k in range(3))
+    force = [float(f.sum(0)) for f in (fx, fy, fz)]
+    moment = [float(m.sum(0)) for m in (ry * fz - rz * fy, rz * fx - rx * fz, rx * fy - ry * fx)]
     if reference_area is None:
-        reference_area = float((areas * np.clip(-normals[:, 0], 0.0, None)).sum())
-    denom = _Q_INF * reference_area
+        reference_area = float((areas * torch.clamp_min(-normals[:, 0], 0.0)).sum(0))
+    denom = dynamic_pressure(rho, u_inf) * reference_area
     xref, yref, zref = (float(v) for v in reference_point)
     return {
         "Cd": force[0] / denom,
@@ -236,29 +259,29 @@ def integrate_forces(
         "xref": xref,
         "yref": yref,
         "zref": zref,
-        "Uinf": U_INF,
-        "rho": RHO,
+        "Uinf": u_inf,
+        "rho": rho,
     }
 
 
 def _graded_nodes(lo: float, hi: float, fine_lo: float, fine_hi: float, num_cells: int) -> np.ndarray:
     """``num_cells + 1`` nodes on [lo, hi], about 4x denser on [fine_lo, fine_hi] with smooth grading."""
     s = np.linspace(lo, hi, 4097)
-    density = _axis_density(s, fine_lo, fine_hi)
+    density = axis_density(s, fine_lo, fine_hi)
     cum = np.concatenate([[0.0], np.cumsum(0.5 * (density[1:] + density[:-1]) * np.diff(s))])
     nodes = np.interp(np.linspace(0.0, cum[-1], num_cells + 1), cum, s)
     nodes[0], nodes[-1] = lo, hi
     return nodes
 
 
-def _axis_density(s: np.ndarray, fine_lo: float, fine_hi: float) -> np.ndarray:
+def axis_density(s: np.ndarray, fine_lo: float, fine_hi: float) -> np.ndarray:
     d = np.maximum(0.0, np.maximum(fine_lo - s, s - fine_hi))
     return 1.0 + 3.0 * np.exp(-((d / (0.3 * (fine_hi - fine_lo))) ** 2))
 
 
 def _axis_integral(lo: float, hi: float, fine_lo: float, fine_hi: float) -> float:
     s = np.linspace(lo, hi, 4097)
-    return float(np.trapezoid(_axis_density(s, fine_lo, fine_hi), s))
+    return float(np.trapezoid(axis_density(s, fine_lo, fine_hi), s))
 
 
 # Kuhn's decomposition of a hexahedron into 6 tetrahedra along its main diagonal (corner bits
@@ -462,8 +485,7 @@ def make_synthetic_drivaerml(
     ):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int (got {type(value).__name__})")
-    if num_runs < 1:
-        raise ValueError(f"num_runs must be at least 1 (got {num_runs})")
+    check_positive_int(num_runs, "num_runs")
     if surface_cells < 32:
         raise ValueError(f"surface_cells must be at least 32 (got {surface_cells})")
     if volume_cells < 0:

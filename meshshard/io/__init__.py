@@ -6,7 +6,9 @@ radius, ghosts marked by ``vtkGhostType``. :func:`write_local_partition` does th
 distributed run, each rank writing its own piece (:func:`write_partition_index` indexes pieces
 written without a process group). :func:`read_partitions` reads an index back (pyvista cannot
 read ``.pvtp``). :func:`read_mesh` reads a mesh file or raises one clear error (VTK itself logs
-and returns an empty mesh for a corrupt file). :func:`render_partitions` draws an off-screen PNG coloured by rank;
+and returns an empty mesh for a corrupt file); ``meshshard.io._read.read_cell_mesh`` reads a VTK XML
+file with chosen cell fields into the one cell container of io (``_data.Dataset`` / ``_data.Cells``),
+for :mod:`meshshard.datasets`. :func:`render_partitions` draws an off-screen PNG coloured by rank;
 :func:`plot_partition_quality` a bar chart of points and ghosts per rank.
 
 >>> import meshshard as ms                                                  # doctest: +SKIP

@@ -14,6 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..partition import MeshPartition, Partition
+from ..partition._cells import cell_centres, mesh_arrays
+from ..tensor import ShardTensor
+
 __all__ = ["Cells", "Dataset", "as_dataset", "as_numpy", "partition_sizes_and_perm"]
 
 # Arrays meshshard.io writes itself; an input array of the same name would be ambiguous.
@@ -22,8 +26,6 @@ RESERVED_NAMES = frozenset(
      "vtkOriginalCellIds"}
 )
 
-# ``Cells.types`` of a PolyData: the four sections of vtkPolyData, which VTK numbers in this order.
-POLY_SECTIONS = ("verts", "lines", "polys", "strips")
 VTK_POLYHEDRON = 42
 
 
@@ -32,7 +34,8 @@ class Cells:
     """Cells in VTK's offsets + connectivity layout.
 
     **Shapes**: ``types`` (C,) uint8, VTK cell types (``ugrid``) or the PolyData section 0-3
-    (``poly``); ``offsets`` (C + 1,) int64; ``connectivity`` (offsets[-1],) int64 point indices.
+    (``poly``, :data:`~meshshard.partition._cells.POLY_SECTIONS`); ``offsets`` (C + 1,) int64;
+    ``connectivity`` (offsets[-1],) int64 point indices.
     """
 
     types: np.ndarray
@@ -41,6 +44,11 @@ class Cells:
 
     def __len__(self) -> int:
         return int(self.types.shape[0])
+
+    @classmethod
+    def vertices(cls, n: int) -> Cells:
+        """One vertex cell per point ``0 .. n-1`` (ParaView draws cells, so a cloud needs them)."""
+        return cls(np.zeros(n, np.uint8), np.arange(n + 1, dtype=np.int64), np.arange(n, dtype=np.int64))
 
     def gather(self, ids: np.ndarray) -> Cells:
         """The cells ``ids`` in that order (vectorised; no loop over cells)."""
@@ -72,22 +80,15 @@ class Dataset:
         return int(self.points.shape[0]) if self.cells is None else len(self.cells)
 
     def centres(self) -> np.ndarray:
-        """(num_items, 3) points of a cloud, or the mean of each cell's points for a mesh."""
+        """(num_items, 3) points of a cloud, or the vertex-mean centre of each cell of a mesh."""
         if self.cells is None:
             return self.points
-        cells = self.cells
-        lengths = np.diff(cells.offsets)
-        cell_of_entry = np.repeat(np.arange(len(cells)), lengths)
-        corners = self.points[cells.connectivity].astype(np.float64)
-        sums = np.stack(
-            [np.bincount(cell_of_entry, weights=corners[:, d], minlength=len(cells)) for d in range(3)], 1
-        )
-        return sums / np.maximum(lengths, 1)[:, None]
+        return cell_centres(self.points, self.cells.connectivity, self.cells.offsets)
 
 
 def as_numpy(value: Any, name: str) -> np.ndarray:
     """A tensor/array as a CPU numpy array VTK can store (bool -> uint8, half -> float32)."""
-    if hasattr(value, "to_local"):  # a ShardTensor: its local rows
+    if isinstance(value, ShardTensor):  # its local rows
         value = value.to_local()
     if isinstance(value, torch.Tensor):
         value = value.detach()
@@ -172,72 +173,32 @@ def _from_cloud(points: np.ndarray, arrays: Mapping[str, Any], fields: Any) -> D
     return Dataset("points", points, _select(available, fields, n), {})
 
 
-def _vtk_array(array: Any) -> np.ndarray:
-    from vtkmodules.util.numpy_support import vtk_to_numpy
-
-    return vtk_to_numpy(array).astype(np.int64, copy=False)
-
-
-def _poly_cells(mesh: Any) -> Cells:
-    sections = (mesh.GetVerts(), mesh.GetLines(), mesh.GetPolys(), mesh.GetStrips())
-    types, offsets, connectivity, base = [], [], [], 0
-    for k, cell_array in enumerate(sections):
-        if cell_array is None or cell_array.GetNumberOfCells() == 0:
-            continue
-        off = _vtk_array(cell_array.GetOffsetsArray())
-        types.append(np.full(off.shape[0] - 1, k, dtype=np.uint8))
-        offsets.append(off[:-1] + base)
-        connectivity.append(_vtk_array(cell_array.GetConnectivityArray()))
-        base += int(off[-1])
-    if not types:
-        return Cells(np.zeros(0, np.uint8), np.zeros(1, np.int64), np.zeros(0, np.int64))
-    return Cells(
-        np.concatenate(types),
-        np.concatenate([*offsets, np.array([base], dtype=np.int64)]),
-        np.concatenate(connectivity),
-    )
-
-
-def _ugrid_cells(grid: Any) -> Cells:
-    cell_array = grid.GetCells()
-    types = np.asarray(grid.celltypes).astype(np.uint8)  # pyvista hides VTK's API churn here
-    if np.any(types == VTK_POLYHEDRON):
-        raise ValueError("data holds polyhedron cells (VTK type 42), which meshshard.io cannot split")
-    offsets = _vtk_array(cell_array.GetOffsetsArray())
-    return Cells(types, offsets, _vtk_array(cell_array.GetConnectivityArray()))
-
-
 def _from_mesh(mesh: Any, fields: Any) -> Dataset:
-    import pyvista as pv
-
-    mesh = pv.wrap(mesh)
-    if not isinstance(mesh, pv.DataSet):
-        raise TypeError(
-            f"data must be a single pyvista/VTK dataset (got {type(mesh).__name__}; combine blocks first)"
-        )
-    if not isinstance(mesh, pv.PolyData | pv.UnstructuredGrid):
-        mesh = mesh.cast_to_unstructured_grid()
-    points = _as_points(np.asarray(mesh.points), "data.points")
-    is_poly = isinstance(mesh, pv.PolyData)
-    if is_poly and mesh.n_cells == 0:
-        return _from_cloud(points, {k: np.asarray(v) for k, v in mesh.point_data.items()}, fields)
-    cells = _poly_cells(mesh) if is_poly else _ugrid_cells(mesh)
-    point_arrays = {k: np.asarray(v) for k, v in mesh.point_data.items() if k not in RESERVED_NAMES}
-    cell_arrays = {k: np.asarray(v) for k, v in mesh.cell_data.items() if k not in RESERVED_NAMES}
+    """A pyvista/VTK dataset or a trimesh, read by the partitioner's adapter."""
+    found = mesh_arrays(mesh, "data")
+    points = _as_points(found.points, found.points_name)
+    if found.kind == "poly" and found.num_cells == 0:
+        return _from_cloud(points, found.point_data, fields)
+    if found.kind == "ugrid" and np.any(found.types == VTK_POLYHEDRON):
+        raise ValueError("data holds polyhedron cells (VTK type 42), which meshshard.io cannot split")
+    cells = Cells(found.types, found.offsets, found.connectivity)
+    num_points, num_cells = points.shape[0], len(cells)
+    point_arrays = {k: v for k, v in found.point_data.items() if k not in RESERVED_NAMES}
+    cell_arrays = {k: v for k, v in found.cell_data.items() if k not in RESERVED_NAMES}
     if fields is None:
         pass
     elif isinstance(fields, Mapping):
         for key, value in fields.items():
             key = _check_name(key)
             array = as_numpy(value, f"field {key!r}")
-            if array.ndim >= 1 and array.shape[0] == mesh.n_cells:
+            if array.ndim >= 1 and array.shape[0] == num_cells:
                 cell_arrays[key] = array
-            elif array.ndim >= 1 and array.shape[0] == mesh.n_points:
+            elif array.ndim >= 1 and array.shape[0] == num_points:
                 point_arrays[key] = array
             else:
                 raise ValueError(
-                    f"field {key!r} must have one row per cell ({mesh.n_cells}) or per point "
-                    f"({mesh.n_points}) (got shape {tuple(array.shape)})"
+                    f"field {key!r} must have one row per cell ({num_cells}) or per point "
+                    f"({num_points}) (got shape {tuple(array.shape)})"
                 )
     else:
         names = _field_names(fields)
@@ -249,7 +210,7 @@ def _from_mesh(mesh: Any, fields: Any) -> Dataset:
         cell_arrays = {k: v for k, v in cell_arrays.items() if k in names}
     point_data = {k: as_numpy(v, f"field {k!r}") for k, v in point_arrays.items()}
     cell_data = {k: as_numpy(v, f"field {k!r}") for k, v in cell_arrays.items()}
-    return Dataset("poly" if is_poly else "ugrid", points, point_data, cell_data, cells)
+    return Dataset(found.kind, points, point_data, cell_data, cells)
 
 
 def as_dataset(data: Any, fields: Any = None, arrays: bool = True) -> Dataset:
@@ -263,7 +224,7 @@ def as_dataset(data: Any, fields: Any = None, arrays: bool = True) -> Dataset:
         ds = as_dataset(data, fields=[] if _has_named_arrays(data) else None)
         ds.point_data, ds.cell_data = {}, {}
         return ds
-    if isinstance(data, torch.Tensor | np.ndarray) or hasattr(data, "to_local"):
+    if isinstance(data, torch.Tensor | np.ndarray | ShardTensor):
         points = _as_points(data, "data")
         if fields is not None and not isinstance(fields, Mapping):
             raise TypeError(
@@ -292,10 +253,10 @@ def as_dataset(data: Any, fields: Any = None, arrays: bool = True) -> Dataset:
 
 
 def _has_named_arrays(data: Any) -> bool:
-    return not (isinstance(data, torch.Tensor | np.ndarray) or hasattr(data, "to_local"))
+    return not isinstance(data, torch.Tensor | np.ndarray | ShardTensor)
 
 
-def partition_sizes_and_perm(partition: Any, ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
+def partition_sizes_and_perm(partition: Partition | MeshPartition, ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """``(perm, sizes)`` of ``partition`` for ``ds`` as int64 numpy, checked.
 
     ``partition`` is a :class:`~meshshard.partition.Partition` of the points of a cloud or the
@@ -303,9 +264,9 @@ def partition_sizes_and_perm(partition: Any, ds: Dataset) -> tuple[np.ndarray, n
     is used for a mesh, its ``points`` partition for a cloud).
     """
     is_mesh = ds.cells is not None
-    if not hasattr(partition, "perm") and hasattr(getattr(partition, "cells", None), "perm"):
+    if isinstance(partition, MeshPartition):
         partition = partition.cells if is_mesh else partition.points
-    if not (hasattr(partition, "perm") and hasattr(partition, "sizes")):
+    if not isinstance(partition, Partition):
         raise TypeError(
             f"partition must be a meshshard Partition with perm and sizes (got {type(partition).__name__})"
         )

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ._data import as_dataset, as_numpy, partition_sizes_and_perm
+from ..partition import MeshPartition, Partition
+from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
 from ._vtk import Piece, to_vtk
 
 __all__ = ["plot_partition_quality", "rank_colors", "render_partitions"]
@@ -104,7 +105,7 @@ def _add_legend(plotter: Any, colors: np.ndarray, view_height: float) -> None:
 
 def render_partitions(
     data: Any,
-    partition: Any,
+    partition: Partition | MeshPartition,
     png_path: str | os.PathLike,
     window_size: tuple[int, int] = (1200, 800),
     second_view: bool = True,
@@ -166,9 +167,7 @@ def render_partitions(
     if ds.cells is None and point_size is None:
         mesh = _sphere_splats(pv, np.asarray(ds.points, dtype=np.float64), rgb)
     elif ds.cells is None:
-        from ._write import _vertices
-
-        mesh = pv.wrap(to_vtk(Piece("poly", ds.points, _vertices(ds.num_items), {"rank_rgb": rgb}, {})))
+        mesh = pv.wrap(to_vtk(Piece("poly", ds.points, Cells.vertices(ds.num_items), {"rank_rgb": rgb}, {})))
     else:
         mesh = pv.wrap(to_vtk(Piece(ds.kind, ds.points, ds.cells, {}, {"rank_rgb": rgb})))
 
@@ -228,9 +227,8 @@ def _sphere_splats(pv: Any, points: np.ndarray, rgb: np.ndarray) -> Any:
     return cloud.glyph(geom=sphere, scale="radius", orient=False, factor=1.0)
 
 
-def _default_title(partition: Any, num_parts: int, ds: Any) -> str:
-    part = partition if hasattr(partition, "method") else getattr(partition, "cells", None)
-    method = getattr(part, "method", None)
+def _default_title(partition: Partition | MeshPartition, num_parts: int, ds: Dataset) -> str:
+    method = (partition.cells if isinstance(partition, MeshPartition) else partition).method
     what = "points" if ds.cells is None else "cells"
     head = f"{method.upper()}: " if isinstance(method, str) and method != "manual" else ""
     return f"{head}{num_parts} parts, {ds.num_items:,} {what}"

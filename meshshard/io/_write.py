@@ -5,15 +5,22 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.distributed import ProcessGroup
 
+from .. import comm
 from .._atomic import atomic_replace, atomic_replace_all
+from .._checks import check_positive_int, check_radius
+from .._sizes import offsets_of
 from ..errors import ShardingError
+from ..halo import HaloPlan
+from ..partition import MeshPartition, Partition
+from ..partition._ghosts import ghost_sets
+from ..tensor import ShardSpec, ShardTensor
 from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
-from ._ghosts import check_radius, ghost_items
 from ._vtk import (
     DUPLICATECELL,
     DUPLICATEPOINT,
@@ -26,6 +33,9 @@ from ._vtk import (
     write_index,
     write_piece,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyvista as pv
 
 __all__ = ["read_partitions", "write_local_partition", "write_partition_index", "write_partitions"]
 
@@ -69,10 +79,6 @@ def _remove_index(index: Path) -> None:
             stale.unlink()
 
 
-def _vertices(n: int) -> Cells:
-    return Cells(np.zeros(n, np.uint8), np.arange(n + 1, dtype=np.int64), np.arange(n, dtype=np.int64))
-
-
 def _point_piece(
     points: np.ndarray,
     arrays: Mapping[str, np.ndarray],
@@ -91,13 +97,13 @@ def _point_piece(
         point_data["vtkGhostType"] = ghost
         cell_data["vtkGhostType"] = np.where(ghost > 0, DUPLICATECELL, 0).astype(np.uint8)
     # One vertex cell per point: ParaView draws cells, and hides ghost cells.
-    return Piece("poly", points, _vertices(n), point_data, cell_data)
+    return Piece("poly", points, Cells.vertices(n), point_data, cell_data)
 
 
 def _cloud_pieces(
     ds: Dataset, perm: np.ndarray, sizes: np.ndarray, owner: np.ndarray, ghosts: list[np.ndarray] | None
 ) -> Iterator[Piece]:
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    offsets = offsets_of(sizes)
     for r in range(len(sizes)):
         ids = perm[offsets[r]:offsets[r + 1]]
         if ghosts is not None:
@@ -110,7 +116,7 @@ def _cloud_pieces(
 def _mesh_pieces(
     ds: Dataset, perm: np.ndarray, sizes: np.ndarray, owner: np.ndarray, ghosts: list[np.ndarray] | None
 ) -> Iterator[Piece]:
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    offsets = offsets_of(sizes)
     for r in range(len(sizes)):
         ids = perm[offsets[r]:offsets[r + 1]]
         is_ghost = np.zeros(len(ids), dtype=bool)
@@ -138,7 +144,7 @@ def _mesh_pieces(
 
 def write_partitions(
     data: Any,
-    partition: Any,
+    partition: Partition | MeshPartition,
     path: PathLike,
     fields: Any = None,
     ghost_radius: float | None = None,
@@ -205,12 +211,12 @@ def write_partitions(
     """
     ds = as_dataset(data, fields)
     perm, sizes = partition_sizes_and_perm(partition, ds)
-    radius = None if ghost_radius is None else check_radius(ghost_radius)
+    radius = None if ghost_radius is None else check_radius(ghost_radius, "ghost_radius")
     compression = check_compression(compression)
     index = _index_path(path, ds.kind)
     owner = np.empty(ds.num_items, dtype=np.int64)
     owner[perm] = np.repeat(np.arange(len(sizes)), sizes)
-    ghosts = None if radius is None else ghost_items(ds.centres(), owner, radius, len(sizes))
+    ghosts = None if radius is None else [g.numpy() for g in ghost_sets(ds.centres(), owner, len(sizes), radius)]
     make = _cloud_pieces if ds.cells is None else _mesh_pieces
     info = _field_data(partition, sizes, radius, field_data)
     _write_all(index, _with_field_data(make(ds, perm, sizes, owner, ghosts), info), compression)
@@ -218,15 +224,15 @@ def write_partitions(
 
 
 def _field_data(
-    partition: Any, sizes: np.ndarray, radius: float | None, extra: Mapping[str, Any] | None
+    partition: Partition | MeshPartition, sizes: np.ndarray, radius: float | None, extra: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     from .. import __version__
 
-    part = partition if hasattr(partition, "method") else getattr(partition, "cells", None)
+    part = partition.cells if isinstance(partition, MeshPartition) else partition
     mean = sizes.sum() / max(len(sizes), 1)
     info: dict[str, Any] = {
         "meshshard_version": __version__,
-        "method": str(getattr(part, "method", "unknown")),
+        "method": str(part.method),
         "num_parts": len(sizes),
         "imbalance": float(sizes.max() / mean) if mean > 0 else float("nan"),
         "ghost_radius": float("nan") if radius is None else float(radius),
@@ -258,55 +264,38 @@ def _write_all(index: Path, pieces: Iterator[Piece], compression: str | None) ->
     write_index(index, schema, [target.name for target in targets])
 
 
-def _local_rows(value: Any, name: str, n: int) -> np.ndarray:
+def _local_rows(value: Rows, name: str, n: int) -> np.ndarray:
     array = as_numpy(value, name)
     if array.ndim == 0 or array.shape[0] != n:
         raise ValueError(f"{name} must have {n} rows (got shape {tuple(array.shape)})")
     return array
 
 
-def _dist_state(group: Any) -> tuple[bool, int, int]:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return True, dist.get_rank(group), dist.get_world_size(group)
-    return False, -1, 0
-
-
-def _all_ok(ok: bool, group: Any) -> bool:
+def _all_ok(ok: bool, group: ProcessGroup | None) -> bool:
     """All-reduce (MIN) of one flag over ``group``: did every rank succeed?"""
-    import torch.distributed as dist
-
-    from ..comm import all_reduce_min
-
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    flag = torch.tensor([int(ok)], dtype=torch.int32, device=device)
-    return bool(all_reduce_min(flag, group).item())
+    flag = torch.tensor([int(ok)], dtype=torch.int32, device=comm.group_device(group))
+    return bool(comm.all_reduce_min(flag, group).item())
 
 
-def _shard_spec(value: Any) -> Any:
-    """The ``ShardSpec`` of a :class:`~meshshard.ShardTensor` (``None`` for plain tensors)."""
-    spec = getattr(value, "spec", None)
-    return spec if hasattr(spec, "offsets") and hasattr(spec, "rank") else None
+#: What :func:`write_local_partition` takes as per-rank rows: a tensor, an array or a ShardTensor.
+Rows = torch.Tensor | np.ndarray | ShardTensor
 
 
 def write_local_partition(
-    local_points: Any,
+    local_points: Rows,
     path: PathLike,
     *,
-    fields: Mapping[str, Any] | None = None,
-    global_ids: Any = None,
-    ghost_points: Any = None,
-    ghost_fields: Mapping[str, Any] | None = None,
-    ghost_global_ids: Any = None,
-    ghost_ranks: Any = None,
-    halo: Any = None,
+    fields: Mapping[str, Rows] | None = None,
+    global_ids: Rows | None = None,
+    ghost_points: Rows | None = None,
+    ghost_fields: Mapping[str, Rows] | None = None,
+    ghost_global_ids: Rows | None = None,
+    ghost_ranks: Rows | None = None,
+    halo: HaloPlan | None = None,
     compression: str | None = None,
     rank: int | None = None,
     num_ranks: int | None = None,
-    group: Any = None,
+    group: ProcessGroup | None = None,
 ) -> Path:
     """Write this rank's piece of a distributed point cloud; rank 0 then writes the index.
 
@@ -359,10 +348,12 @@ def write_local_partition(
     must be derived from plain tensors, plus with ``halo`` one ``halo.exchange`` (an
     ``all_to_all``) per field.
     """
-    spec = _shard_spec(local_points)
+    spec: ShardSpec | None = local_points.spec if isinstance(local_points, ShardTensor) else None
     if spec is not None and group is None:
         group = spec.group
-    collective, group_rank, group_size = _dist_state(group)
+    state = comm.group_rank_and_size(group)
+    collective = state is not None
+    group_rank, group_size = state if state is not None else (-1, 0)
     rank = group_rank if rank is None else rank
     num_ranks = group_size if num_ranks is None else num_ranks
     if not isinstance(rank, int) or not isinstance(num_ranks, int) or not 0 <= rank < num_ranks:
@@ -401,9 +392,7 @@ def write_local_partition(
         if spec is not None:
             global_ids = np.arange(n, dtype=np.int64) + int(spec.offsets[rank])
         else:  # plain tensors under a process group: offsets from everyone's size
-            from ..comm import all_gather_object
-
-            sizes = all_gather_object(n, group)
+            sizes = comm.all_gather_object(n, group)
             global_ids = np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
     if error is None:
         try:
@@ -436,12 +425,12 @@ def write_local_partition(
 def _local_piece(
     points: np.ndarray,
     rank: int,
-    fields: Mapping[str, Any] | None,
-    global_ids: Any,
-    ghost_points: Any,
-    ghost_fields: Mapping[str, Any] | None,
-    ghost_global_ids: Any,
-    ghost_ranks: Any,
+    fields: Mapping[str, Rows] | None,
+    global_ids: Rows,
+    ghost_points: Rows | None,
+    ghost_fields: Mapping[str, Rows] | None,
+    ghost_global_ids: Rows | None,
+    ghost_ranks: Rows | None,
 ) -> Piece:
     """Check and assemble the piece of :func:`write_local_partition` (owned rows, then ghosts)."""
     n = points.shape[0]
@@ -474,8 +463,7 @@ def write_partition_index(path: PathLike, num_ranks: int) -> Path:
     For pieces written without a process group (:func:`write_local_partition` in separate jobs).
     The arrays declared are read from piece 0; every piece must exist.
     """
-    if not isinstance(num_ranks, int) or num_ranks < 1:
-        raise ValueError(f"num_ranks must be a positive int (got {num_ranks!r})")
+    num_ranks = check_positive_int(num_ranks, "num_ranks")
     as_path = Path(path) if isinstance(path, str | os.PathLike) else path
     kind = "ugrid" if isinstance(as_path, Path) and as_path.suffix == ".pvtu" else "poly"
     index = _index_path(path, kind)
@@ -487,7 +475,7 @@ def write_partition_index(path: PathLike, num_ranks: int) -> Path:
     return index
 
 
-def read_partitions(path: PathLike) -> Any:
+def read_partitions(path: PathLike) -> pv.DataSet:
     """Read a ``.pvtp``/``.pvtu`` index (all pieces appended) or ``.vtpd`` as a pyvista object.
 
     ``pyvista.read`` handles ``.pvtu`` and ``.vtpd`` but not ``.pvtp``; this reads all three.

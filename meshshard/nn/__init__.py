@@ -10,7 +10,7 @@ from .parallel import sync_gradients
 from .physics_attention import PhysicsAttention
 from .point_conv import PointConv
 from .pointnet import PointNetSurrogate
-from .transolver import Transolver, TransolverBlock, chunked_forward
+from .transolver import Transolver, TransolverBlock, TransolverConfig, chunked_forward
 
 __all__ = [
     "DomainParallel",
@@ -22,6 +22,7 @@ __all__ = [
     "PointNetSurrogate",
     "Transolver",
     "TransolverBlock",
+    "TransolverConfig",
     "chunked_forward",
 ]
 

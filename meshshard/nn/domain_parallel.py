@@ -23,7 +23,7 @@ import torch
 from torch_geometric.nn import GCNConv, MessagePassing
 
 from ..ops.graph import ShardedGraph
-from ..tensor import ShardTensor
+from ..tensor import local_of
 
 __all__ = ["DomainParallel"]
 
@@ -103,8 +103,8 @@ class DomainParallel(torch.nn.Module):
     # -- forward --------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         g = self.graph
-        args = tuple(_local(a) for a in args)
-        kwargs = {k: _local(v) for k, v in kwargs.items()}
+        args = tuple(local_of(a) for a in args)
+        kwargs = {k: local_of(v) for k, v in kwargs.items()}
         self._calls = 0
         if g.hops > 1:
             args, kwargs = self._exchange_inputs(self.model.forward, args, kwargs)
@@ -227,9 +227,6 @@ def _top_message_passing(model: torch.nn.Module) -> list[MessagePassing]:
     visit(model)
     return found
 
-
-def _local(x: Any) -> Any:
-    return x.to_local() if isinstance(x, ShardTensor) else x
 
 
 def _is_node(value: Any, n: int) -> bool:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import torch
 from torch_geometric.nn import MessagePassing
 
+from .._checks import check_positive_int
+
 __all__ = ["MeshGraphNet", "MeshGraphNetBlock", "mlp"]
 
 
 def mlp(in_dim: int, hidden: int, out_dim: int, layers: int = 2, norm: bool = True) -> torch.nn.Sequential:
     """``layers`` Linear layers with SiLU between them, then ``LayerNorm`` when ``norm``."""
-    if layers < 1:
-        raise ValueError(f"layers must be >= 1 (got {layers})")
+    check_positive_int(layers, "layers")
     widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
     mods: list[torch.nn.Module] = []
     for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
@@ -41,7 +42,8 @@ class MeshGraphNetBlock(MessagePassing):
 
     def __init__(self, hidden: int, mlp_layers: int = 2) -> None:
         super().__init__(aggr="add")
-        self.hidden = hidden
+        self.hidden = check_positive_int(hidden, "hidden")
+        check_positive_int(mlp_layers, "mlp_layers")
         self.edge_mlp = mlp(3 * hidden, hidden, hidden, mlp_layers)
         self.node_mlp = mlp(2 * hidden, hidden, hidden, mlp_layers)
 
@@ -89,8 +91,7 @@ class MeshGraphNet(torch.nn.Module):
             ("num_layers", num_layers),
             ("mlp_layers", mlp_layers),
         ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int (got {v!r})")
+            check_positive_int(v, name)
         self.node_encoder = mlp(node_in, hidden, hidden, mlp_layers)
         self.edge_encoder = mlp(edge_in, hidden, hidden, mlp_layers)
         self.blocks = torch.nn.ModuleList(MeshGraphNetBlock(hidden, mlp_layers) for _ in range(num_layers))

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import check_positive_int
 from ..ops.slice_tokens import slice_tokens
-from ..tensor import ShardTensor
-from ..tensor._rules._common import wrap
+from ..tensor import ShardTensor, wrap
 from ._gumbel import gumbel_noise
 
 __all__ = ["PhysicsAttention"]
@@ -19,15 +19,7 @@ __all__ = ["PhysicsAttention"]
 _INSTANCES = itertools.count()  # default seeds: construction order, the same on every rank
 
 
-def _check_positive_int(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"Expected '{name}' to be an int (got {type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{name} must be positive (got {value})")
-    return value
-
-
-def _check_dtype_and_device(x: torch.Tensor, module: nn.Module) -> None:
+def check_dtype_and_device(x: torch.Tensor, module: nn.Module) -> None:
     """Floating ``x`` on the device of ``module``'s parameters (metadata only: no sync)."""
     if not x.is_floating_point():
         raise TypeError(f"x must be floating-point (got {x.dtype})")
@@ -39,13 +31,13 @@ def _check_dtype_and_device(x: torch.Tensor, module: nn.Module) -> None:
 VARIANTS = ("plain", "plus")
 
 
-def _check_variant(variant: str) -> str:
+def check_variant(variant: str) -> str:
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS} (got {variant!r})")
     return variant
 
 
-def _check_temperature_range(temperature_range: tuple[float, float] | None) -> tuple[float, float] | None:
+def check_temperature_range(temperature_range: tuple[float, float] | None) -> tuple[float, float] | None:
     if temperature_range is None:
         return None
     low, high = (float(t) for t in temperature_range)
@@ -152,16 +144,16 @@ class PhysicsAttention(nn.Module):
         seed: int | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int(dim, "dim")
-        _check_positive_int(heads, "heads")
-        _check_positive_int(dim_head, "dim_head")
-        _check_positive_int(slice_num, "slice_num")
+        check_positive_int(dim, "dim")
+        check_positive_int(heads, "heads")
+        check_positive_int(dim_head, "dim_head")
+        check_positive_int(slice_num, "slice_num")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {dropout})")
         if eps < 0:
             raise ValueError(f"eps must be non-negative (got {eps})")
-        self.variant = _check_variant(variant)
-        self.temperature_range = _check_temperature_range(temperature_range)
+        self.variant = check_variant(variant)
+        self.temperature_range = check_temperature_range(temperature_range)
         if self.variant == "plus" and self.temperature_range is not None:
             raise ValueError("temperature_range applies to variant='plain' only (plus clamps at 0.01 below)")
         self.dim, self.heads, self.dim_head, self.slice_num = dim, heads, dim_head, slice_num
@@ -303,7 +295,7 @@ class PhysicsAttention(nn.Module):
                 f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim} of shape "
                 f"{tuple(x.global_shape)})"
             )
-        _check_dtype_and_device(x, self)
+        check_dtype_and_device(x, self)
         check_point_ids(point_ids, x)
         unbatched = x.dim() == 2
         if unbatched:

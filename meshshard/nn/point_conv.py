@@ -7,15 +7,12 @@ from collections.abc import Sequence
 import torch
 
 from ..ops.neighbors import Neighbors
-from ..tensor import ShardTensor
+from ..tensor import ShardTensor, local_of
 
 __all__ = ["PointConv"]
 
 _AGGRS = ("max", "mean")
 
-
-def _local(x: torch.Tensor | None) -> torch.Tensor | None:
-    return x.to_local() if isinstance(x, ShardTensor) else x
 
 
 class PointConv(torch.nn.Module):
@@ -97,8 +94,8 @@ class PointConv(torch.nn.Module):
         """Convolve; ``query_pos`` defaults to ``pos`` (queries are the points)."""
         if not isinstance(nbr, Neighbors):
             raise TypeError(f"nbr must be a meshshard.ops.Neighbors (got {type(nbr).__name__})")
-        x_local, pos_local = _local(x), _local(pos)
-        q_local = pos_local if query_pos is None else _local(query_pos)
+        x_local, pos_local = local_of(x), local_of(pos)
+        q_local = pos_local if query_pos is None else local_of(query_pos)
         if (x_local is None) != (self.in_channels == 0):
             raise ValueError(
                 f"x must be None exactly when in_channels is 0 (in_channels={self.in_channels}, "

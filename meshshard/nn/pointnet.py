@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import check_positive_int
+
 __all__ = ["PointNetSurrogate"]
 
 
@@ -39,6 +41,8 @@ class PointNetSurrogate(nn.Module):
 
     def __init__(self, in_dim: int = 6, out_dim: int = 4, width: int = 64, global_dim: int = 128) -> None:
         super().__init__()
+        for name, value in (("in_dim", in_dim), ("out_dim", out_dim), ("width", width), ("global_dim", global_dim)):
+            check_positive_int(value, name)
         self.local = nn.Sequential(_block(in_dim, width), _block(width, width))
         self.to_global = _block(width, global_dim)
         self.head = nn.Sequential(_block(width + global_dim, width), nn.Conv1d(width, out_dim, 1))

@@ -19,19 +19,19 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
+from .._checks import check_positive_int
+from .._config import TransolverConfig
 from ..ops.slice_tokens import finish_slice_tokens, slice_sums
-from ..tensor import ShardTensor
-from ..tensor._rules._common import wrap
+from ..tensor import ShardTensor, wrap
 from .physics_attention import (
     PhysicsAttention,
-    _check_dtype_and_device,
-    _check_positive_int,
-    _check_temperature_range,
-    _check_variant,
+    check_dtype_and_device,
     check_point_ids,
+    check_temperature_range,
+    check_variant,
 )
 
-__all__ = ["Transolver", "TransolverBlock", "chunked_forward"]
+__all__ = ["Transolver", "TransolverBlock", "TransolverConfig", "chunked_forward"]
 
 INITS = ("published", "orthogonal")
 
@@ -78,8 +78,8 @@ class TransolverBlock(nn.Module):
         temperature_range: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int(dim, "dim")
-        _check_positive_int(heads, "heads")
+        check_positive_int(dim, "dim")
+        check_positive_int(heads, "heads")
         if dim % heads:
             raise ValueError(f"dim must be divisible by heads (got dim={dim}, heads={heads})")
         if mlp_ratio <= 0:
@@ -140,7 +140,8 @@ class Transolver(nn.Module):
     in_dim, out_dim:
         Channels per point in and out.
     n_hidden, n_layers, n_head, slice_num, mlp_ratio:
-        Width ``C``, depth ``L``, heads ``H`` (``C % H == 0``), slices ``M``, MLP width ratio.
+        Width ``C``, depth ``L``, heads ``H`` (``C % H == 0``), slices ``M``, MLP width ratio; the
+        defaults are :class:`TransolverConfig`'s.
     dropout:
         Dropout in the attention.
     variant:
@@ -175,11 +176,11 @@ class Transolver(nn.Module):
         self,
         in_dim: int,
         out_dim: int,
-        n_hidden: int = 256,
-        n_layers: int = 8,
-        n_head: int = 8,
-        slice_num: int = 32,
-        mlp_ratio: float = 2,
+        n_hidden: int = TransolverConfig.n_hidden,
+        n_layers: int = TransolverConfig.n_layers,
+        n_head: int = TransolverConfig.n_head,
+        slice_num: int = TransolverConfig.slice_num,
+        mlp_ratio: float = TransolverConfig.mlp_ratio,
         dropout: float = 0.0,
         *,
         variant: str = "plain",
@@ -191,22 +192,22 @@ class Transolver(nn.Module):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        _check_positive_int(in_dim, "in_dim")
-        _check_positive_int(out_dim, "out_dim")
-        _check_positive_int(n_hidden, "n_hidden")
-        _check_positive_int(n_layers, "n_layers")
-        _check_positive_int(n_head, "n_head")
-        _check_positive_int(slice_num, "slice_num")
+        check_positive_int(in_dim, "in_dim")
+        check_positive_int(out_dim, "out_dim")
+        check_positive_int(n_hidden, "n_hidden")
+        check_positive_int(n_layers, "n_layers")
+        check_positive_int(n_head, "n_head")
+        check_positive_int(slice_num, "slice_num")
         if cond_dim is not None:
-            _check_positive_int(cond_dim, "cond_dim")
+            check_positive_int(cond_dim, "cond_dim")
         if n_hidden % n_head:
             raise ValueError(
                 f"n_hidden must be divisible by n_head (got n_hidden={n_hidden}, n_head={n_head})"
             )
         if init not in INITS:
             raise ValueError(f"init must be one of {INITS} (got {init!r})")
-        self.variant = _check_variant(variant)
-        temperature_range = _check_temperature_range(temperature_range)
+        self.variant = check_variant(variant)
+        temperature_range = check_temperature_range(temperature_range)
         self.in_dim, self.out_dim, self.cond_dim = in_dim, out_dim, cond_dim
         self.preprocess = _mlp(in_dim, 2 * n_hidden, n_hidden)
         self.placeholder = nn.Parameter(torch.rand(n_hidden) / n_hidden)
@@ -279,7 +280,7 @@ class Transolver(nn.Module):
             raise ValueError(
                 f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim})"
             )
-        _check_dtype_and_device(x, self)
+        check_dtype_and_device(x, self)
         if condition is None:
             return
         if self.cond_dim is None:
@@ -395,7 +396,7 @@ def chunked_forward(
     """
     if not isinstance(model, Transolver):
         raise TypeError(f"Expected 'model' to be a Transolver (got {type(model).__name__})")
-    _check_positive_int(chunk_size, "chunk_size")
+    check_positive_int(chunk_size, "chunk_size")
     model._check_input(x, condition)
     spec = x.spec if isinstance(x, ShardTensor) else None
     local = x.to_local() if spec is not None else x

@@ -25,8 +25,11 @@ from typing import Any
 import torch
 
 from .. import comm
+from .._checks import check_positive_int
+from .._sizes import offsets_of
 from ..halo import HaloPlan, check_coordinates
-from ..tensor import ShardSpec, ShardTensor
+from ..partition import MeshPartition, Partition
+from ..tensor import ShardSpec, ShardTensor, local_of
 from .neighbors import Neighbors
 
 __all__ = ["ShardedGraph", "cells_to_edges", "simulate_graph_halo"]
@@ -120,7 +123,7 @@ class ShardedGraph:
     @property
     def num_nodes(self) -> int:
         """Rows of the extended tensor: owned nodes and ghosts."""
-        return self.plan.num_extended
+        return self.plan.num_owned + self.plan.num_ghosts
 
     @property
     def num_ghosts(self) -> int:
@@ -183,7 +186,7 @@ class ShardedGraph:
         edge_index: torch.Tensor,
         *,
         hops: int = 1,
-        partition: Any = None,
+        partition: Partition | MeshPartition | None = None,
     ) -> ShardedGraph:
         """Build from a global edge list.
 
@@ -210,7 +213,7 @@ class ShardedGraph:
         owned in-degrees. Nothing on a plain tensor.
         """
         check_coordinates(points, "points")
-        local = _local(points)
+        local = local_of(points)
         edge_index = _check_edge_index(edge_index, local.device)
         if partition is not None:
             edge_index = _relabel(edge_index, partition)
@@ -233,7 +236,7 @@ class ShardedGraph:
         *,
         mode: str = "cycle",
         hops: int = 1,
-        partition: Any = None,
+        partition: Partition | MeshPartition | None = None,
     ) -> ShardedGraph:
         """Build the mesh graph (both directions of every cell edge, see :func:`cells_to_edges`).
 
@@ -243,7 +246,7 @@ class ShardedGraph:
 
         **Communication:** as :meth:`from_edges`.
         """
-        edges = cells_to_edges(cells, mode).to(_local(points).device)
+        edges = cells_to_edges(cells, mode).to(local_of(points).device)
         return cls.from_edges(points, edges, hops=hops, partition=partition)
 
     @classmethod
@@ -260,7 +263,7 @@ class ShardedGraph:
         """
         if not isinstance(nbr, Neighbors):
             raise TypeError(f"nbr must be a meshshard.ops.Neighbors (got {type(nbr).__name__})")
-        local = _local(points)
+        local = local_of(points)
         if nbr.num_queries != local.shape[0]:
             raise ValueError(
                 f"nbr must have one row per owned point (queries = points): expected {local.shape[0]}, "
@@ -284,9 +287,8 @@ class ShardedGraph:
         cls, points: ShardTensor | torch.Tensor, src: torch.Tensor, dst: torch.Tensor, eid: torch.Tensor, hops: int
     ) -> ShardedGraph:
         """Finish from this rank's owned edges in global ids (``dst`` owned)."""
-        if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
-            raise ValueError(f"hops must be an int >= 1 (got {hops!r})")
-        local = _local(points).detach()
+        hops = check_positive_int(hops, "hops")
+        local = local_of(points).detach()
         lo, hi = _owned_range(points)
         spec = points.spec if isinstance(points, ShardTensor) else None
         owned_src, owned_dst, owned_eid = src, dst, eid
@@ -332,9 +334,6 @@ class ShardedGraph:
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-def _local(x: Any) -> torch.Tensor:
-    return x.to_local() if isinstance(x, ShardTensor) else x
-
 
 def _owned_range(points: ShardTensor | torch.Tensor) -> tuple[int, int]:
     if isinstance(points, ShardTensor):
@@ -347,7 +346,7 @@ def _num_global(points: ShardTensor | torch.Tensor) -> int:
     return points.offsets[-1] if isinstance(points, ShardTensor) else int(points.shape[0])
 
 
-def _check_edge_index(edge_index: Any, device: torch.device) -> torch.Tensor:
+def _check_edge_index(edge_index: torch.Tensor, device: torch.device) -> torch.Tensor:
     if (
         not isinstance(edge_index, torch.Tensor)
         or edge_index.is_floating_point()
@@ -360,12 +359,12 @@ def _check_edge_index(edge_index: Any, device: torch.device) -> torch.Tensor:
     return edge_index.to(device=device, dtype=torch.long)
 
 
-def _relabel(edge_index: torch.Tensor, partition: Any) -> torch.Tensor:
+def _relabel(edge_index: torch.Tensor, partition: Partition | MeshPartition) -> torch.Tensor:
     """Original point ids -> positions in partition order."""
-    part = getattr(partition, "points", partition)  # a MeshPartition's point partition
-    perm = getattr(part, "perm", None)
-    if not isinstance(perm, torch.Tensor):
+    part = partition.points if isinstance(partition, MeshPartition) else partition
+    if not isinstance(part, Partition):
         raise TypeError(f"partition must be a meshshard Partition or MeshPartition (got {type(partition).__name__})")
+    perm = part.perm
     if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= perm.numel()):
         raise ValueError(
             f"edge_index must hold original point ids in [0, {perm.numel()}) "
@@ -431,7 +430,7 @@ def simulate_graph_halo(edge_index: torch.Tensor, sizes: list[int], *, row_bytes
     that moves every point to every rank: ``(P - 1) * N_r * row_bytes`` sent by rank ``r``) and totals.
     """
     edge_index = _check_edge_index(edge_index, edge_index.device)
-    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
+    offsets = torch.tensor(offsets_of(sizes))
     src, dst = edge_index
     part = torch.searchsorted(offsets, dst, right=True) - 1
     ghosts = []

@@ -17,7 +17,7 @@ query (rank-order truncation). With ``ids=`` the neighbour *sets* and their orde
 :meth:`Neighbors.global_ids`, are the same for every partition and world size, even when many
 points are exactly equidistant (an integer lattice).
 
-The local kernel is the fused grid kernel of :mod:`meshshard.ops._kernels._fused` (numba; CPU and
+The local kernel is the fused grid kernel of :mod:`meshshard.kernels._fused` (numba; CPU and
 CUDA) by default; ``backend=`` selects another one with identical results.
 """
 
@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._checks import check_positive_int, check_radius
 from ..errors import ShardingError
-from ..halo import HaloPlan, check_coordinate_tensor, check_radius, check_values
-from ..tensor import ShardSpec, ShardTensor
-from ._kernels import check_backend, knn_bound, nearest_neighbors
+from ..halo import HaloPlan, build_plan, check_coordinate_tensor, check_values
+from ..kernels import check_backend, knn_bound, nearest_neighbors
+from ..tensor import ShardSpec, ShardTensor, local_of
 
 __all__ = ["Neighbors", "ball_query", "knn"]
 
@@ -107,13 +108,6 @@ class Neighbors:
 
 
 # -- argument checks ---------------------------------------------------------------------------------
-def _check_count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int (got {type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1 (got {value})")
-    return value
-
 
 def _check_coords(x: object, name: str) -> torch.Tensor:
     check_coordinate_tensor(x, name)
@@ -174,7 +168,7 @@ def _check_ids(ids: object, points: torch.Tensor) -> torch.Tensor | None:
             )
     elif ids.dim() != 1 or ids.shape[0] != points.shape[0]:
         raise ValueError(f"ids must have shape ({points.shape[0]},), one per point (got {tuple(ids.shape)})")
-    return _local(ids).to(points.device, torch.long)
+    return local_of(ids).detach().to(points.device, torch.long)
 
 
 def _extended_ids(
@@ -187,9 +181,6 @@ def _extended_ids(
     ext = plan.exchange(local_ids) if plan.group is not None else local_ids
     return ext, ext
 
-
-def _local(x: torch.Tensor) -> torch.Tensor:
-    return (x.to_local() if isinstance(x, ShardTensor) else x).detach()
 
 
 def _finish(
@@ -279,13 +270,13 @@ def ball_query(
     """
     points, queries, self_query = _check_pair(points, queries)
     radius = check_radius(radius)
-    max_neighbors = _check_count(max_neighbors, "max_neighbors")
+    max_neighbors = check_positive_int(max_neighbors, "max_neighbors")
     backend = check_backend(backend, points.device)
     local_ids = _check_ids(ids, points)
-    local_points, local_queries = _local(points), _local(queries)
+    local_points, local_queries = local_of(points).detach(), local_of(queries).detach()
     if plan is None:
         # coordinates and radius are checked above: skip build()'s second pass over the values
-        plan = HaloPlan._build(
+        plan = build_plan(
             points, None if self_query else queries, radius * radius, regions=regions, backend=backend
         )
     else:
@@ -347,16 +338,16 @@ def knn(
     tensors. A rank that owns fewer than ``k`` points receives every point.
     """
     points, queries, self_query = _check_pair(points, queries)
-    k = _check_count(k, "k")
+    k = check_positive_int(k, "k")
     backend = check_backend(backend, points.device)
     local_ids = _check_ids(ids, points)
-    local_points, local_queries = _local(points), _local(queries)
+    local_points, local_queries = local_of(points).detach(), local_of(queries).detach()
     if isinstance(points, ShardTensor):
         bound = knn_bound(local_points, local_queries, k, backend=backend, strict=True)
-        plan = HaloPlan._build(points, None if self_query else queries, bound, backend=backend)
+        plan = build_plan(points, None if self_query else queries, bound, backend=backend)
         ext_points = torch.cat([local_points, plan.ghost_points.to(local_points.device)])
     else:
-        plan = HaloPlan._build(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)
+        plan = build_plan(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)
         ext_points = local_points
     gidx, kept_ids = _extended_ids(local_ids, points, plan)
     index, count, dist2 = nearest_neighbors(ext_points, local_queries, k, point_gidx=gidx, backend=backend)

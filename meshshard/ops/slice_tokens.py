@@ -25,8 +25,7 @@ import torch
 
 from .. import comm
 from ..errors import ShardingError
-from ..tensor import ShardSpec, ShardTensor
-from ..tensor._rules._common import replicated
+from ..tensor import ShardSpec, ShardTensor, local_of, replicated
 
 __all__ = ["slice_tokens", "slice_sums", "finish_slice_tokens"]
 
@@ -50,22 +49,19 @@ def _check_pair(weights: torch.Tensor, features: torch.Tensor) -> ShardSpec | No
         raise TypeError("weights and features must both be ShardTensors or both be plain tensors")
     if not w_sharded:
         return None
-    spec = weights._spec
+    spec = weights.spec
     for name, t in (("weights", weights), ("features", features)):
-        if t._spec.dim != t.dim() - 2:
+        if t.spec.dim != t.dim() - 2:
             raise ValueError(
-                f"{name} must be sharded on the point dim {t.dim() - 2} (-2) (got shard dim {t._spec.dim})"
+                f"{name} must be sharded on the point dim {t.dim() - 2} (-2) (got shard dim {t.spec.dim})"
             )
-    if not spec.same_sharding(features._spec):
+    if not spec.same_sharding(features.spec):
         raise ShardingError(
             f"[rank {spec.rank}] slice_tokens: weights and features are sharded differently "
-            f"(sizes {spec.sizes} vs {features._spec.sizes})"
+            f"(sizes {spec.sizes} vs {features.spec.sizes})"
         )
     return spec
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, ShardTensor) else t
 
 
 def slice_sums(weights: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +75,7 @@ def slice_sums(weights: torch.Tensor, features: torch.Tensor) -> tuple[torch.Ten
     **Communication:** none.
     """
     _check_pair(weights, features)
-    w, f = _local(weights), _local(features)
+    w, f = local_of(weights), local_of(features)
     return torch.matmul(w.transpose(-1, -2), f), w.sum(dim=-2)
 
 

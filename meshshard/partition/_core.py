@@ -7,10 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_positive_int
 from ._partition import Partition
 from ._rcb import nearest_boundaries, rcb
 from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
-from ._validate import as_points, check_fractions, check_method, check_num_parts, check_weights, quantize_weights
+from ._validate import as_points, check_fractions, check_method, check_weights, quantize_weights
 
 __all__ = ["part_boxes", "partition"]
 
@@ -142,7 +143,7 @@ def partition(
             "to partition its cells (or pass mesh.points to partition the points)"
         )
     pts = as_points(points).detach()
-    num_parts = check_num_parts(num_parts)
+    num_parts = check_positive_int(num_parts, "num_parts")
     method = check_method(method)
     num_points, dim = pts.shape
     device = pts.device

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._cells import cell_centres, mesh_arrays
 from ._core import part_boxes, partition
 from ._partition import Partition
 from ._validate import as_points
@@ -39,51 +40,6 @@ class MeshPartition:
     def num_parts(self) -> int:
         """Number of parts ``P``."""
         return self.cells.num_parts
-
-
-def _connectivity(mesh: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(points (M, D), cell_of_entry (E,), point_of_entry (E,))`` or ``None`` for a bare point set."""
-    if hasattr(mesh, "pos") and not hasattr(mesh, "n_cells"):  # torch_geometric Data
-        pos = as_points(mesh.pos, "mesh.pos").detach().cpu().numpy()
-        face = getattr(mesh, "face", None)
-        if face is None:
-            return None
-        face = torch.as_tensor(face).detach().cpu()
-        if face.ndim != 2 or face.numel() == 0:
-            raise ValueError(f"mesh.face must have shape (K, F) with F >= 1 (got {tuple(face.shape)})")
-        num_corners, num_cells = face.shape
-        cell_of = np.repeat(np.arange(num_cells, dtype=np.int64), num_corners)
-        return pos, cell_of, face.t().reshape(-1).numpy().astype(np.int64)
-    if hasattr(mesh, "vertices") and hasattr(mesh, "faces") and not hasattr(mesh, "n_cells"):  # trimesh
-        faces = np.asarray(mesh.faces, dtype=np.int64)
-        pos = as_points(np.asarray(mesh.vertices), "mesh.vertices").numpy()
-        if faces.size == 0:
-            return None
-        cell_of = np.repeat(np.arange(faces.shape[0], dtype=np.int64), faces.shape[1])
-        return pos, cell_of, faces.reshape(-1)
-    try:
-        import pyvista as pv
-    except ImportError as exc:  # pragma: no cover - pyvista is a dependency
-        raise ImportError("partition_mesh needs pyvista for VTK datasets: pip install pyvista") from exc
-    if not isinstance(mesh, pv.DataSet):
-        try:
-            wrapped = pv.wrap(mesh)
-        except (NotImplementedError, TypeError):
-            wrapped = None
-        if not isinstance(wrapped, pv.DataSet):
-            raise TypeError(
-                "mesh must be a pyvista/VTK dataset, a torch_geometric Data (pos, optional face) or a "
-                f"trimesh.Trimesh (got {type(mesh).__name__})"
-            )
-        mesh = wrapped
-    pos = as_points(np.asarray(mesh.points), "mesh.points").numpy()
-    if mesh.n_cells == 0:
-        return None
-    grid = mesh if isinstance(mesh, pv.UnstructuredGrid) else mesh.cast_to_unstructured_grid()
-    offsets = np.asarray(grid.cell_offsets if hasattr(grid, "cell_offsets") else grid.offset, dtype=np.int64)
-    conn = np.asarray(grid.cell_connectivity, dtype=np.int64)
-    cell_of = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
-    return pos, cell_of, conn
 
 
 def partition_mesh(
@@ -118,23 +74,18 @@ def partition_mesh(
 
     **Shapes**: ``centroids`` ``(C, D)``; ``cells.perm`` ``(C,)``; ``points.perm`` ``(N,)``.
     """
-    found = _connectivity(mesh)
-    if found is None:
-        pos = mesh.pos if hasattr(mesh, "pos") and not hasattr(mesh, "n_cells") else None
-        if pos is None:
-            pos = np.asarray(mesh.vertices if hasattr(mesh, "vertices") else mesh.points)
-        pts = as_points(pos, "mesh points")
+    arrays = mesh_arrays(mesh)
+    if arrays.num_cells == 0:
+        pts = as_points(arrays.points, "mesh points")
         part = partition(pts, num_parts, method=method, weights=weights, fractions=fractions)
         return MeshPartition(cells=part, points=part, centroids=pts)
-    pos, cell_of, point_of = found
-    num_points, num_cells = pos.shape[0], int(cell_of.max()) + 1 if cell_of.size else 0
+    pos = as_points(arrays.points, arrays.points_name).detach().cpu().numpy()
+    point_of, offsets = arrays.connectivity, arrays.offsets
+    num_points, num_cells = pos.shape[0], arrays.num_cells
     if point_of.size and (point_of.min() < 0 or point_of.max() >= num_points):
         raise ValueError(f"mesh connectivity must index its {num_points} points (found {int(point_of.max())})")
-    corners = np.bincount(cell_of, minlength=num_cells)
-    centroids = np.zeros((num_cells, pos.shape[1]))
-    for axis in range(pos.shape[1]):
-        centroids[:, axis] = np.bincount(cell_of, weights=pos[point_of, axis], minlength=num_cells)
-    centroids /= np.maximum(corners, 1)[:, None]
+    cell_of = np.repeat(np.arange(num_cells, dtype=np.int64), np.diff(offsets))
+    centroids = cell_centres(pos, point_of, offsets)
     centroids_t = torch.from_numpy(centroids)
     cells = partition(centroids_t, num_parts, method=method, weights=weights, fractions=fractions)
 

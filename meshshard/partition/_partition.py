@@ -9,6 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_positive_int
+from .._sizes import offsets_tensor
+
 __all__ = ["Partition"]
 
 _FORMAT = "meshshard.Partition/1"
@@ -121,8 +124,7 @@ class Partition:
             raise TypeError(f"method must be a string (got {type(self.method).__name__})")
         if not isinstance(self.params, dict):
             raise TypeError(f"params must be a dict (got {type(self.params).__name__})")
-        offsets = torch.zeros(num_parts + 1, dtype=torch.long, device=perm.device)
-        torch.cumsum(sizes, 0, out=offsets[1:])
+        offsets = offsets_tensor(sizes)
         owner = torch.empty(num_points, dtype=torch.long, device=perm.device)
         owner[perm] = torch.repeat_interleave(
             torch.arange(num_parts, device=perm.device), sizes, output_size=num_points
@@ -175,9 +177,8 @@ class Partition:
         **kwargs
             Passed to the constructor (``method``, ``params``, ``boxes``, ``regions``).
         """
-        from ._validate import check_num_parts
 
-        num_parts = check_num_parts(num_parts)
+        num_parts = check_positive_int(num_parts, "num_parts")
         owner = _as_long(owner, "owner")
         if owner.numel() > 0 and bool(((owner < 0) | (owner >= num_parts)).any()):
             bad = owner[(owner < 0) | (owner >= num_parts)][0]

@@ -8,19 +8,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_positive_int, check_radius
+from ._ghosts import ghost_sets
 from ._partition import Partition
 from ._validate import as_points, check_weights
 
-__all__ = ["neighbor_radius", "quality", "surface_to_volume_estimate"]
-
-
-def _check_radius(radius: Any, name: str = "radius") -> float:
-    if isinstance(radius, bool) or not isinstance(radius, int | float | np.floating | np.integer):
-        raise TypeError(f"{name} must be a number (got {type(radius).__name__})")
-    value = float(radius)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be positive and finite (got {value})")
-    return value
+__all__ = ["ghost_counts", "neighbor_radius", "quality", "surface_to_volume_estimate"]
 
 
 def surface_to_volume_estimate(points: torch.Tensor | np.ndarray, num_parts: int, radius: float) -> float:
@@ -35,6 +28,8 @@ def surface_to_volume_estimate(points: torch.Tensor | np.ndarray, num_parts: int
     Returns the estimated ``total ghosts / N`` (``0.0`` for ``P = 1`` or a single point).
     """
     pts = as_points(points).to(torch.float64)
+    num_parts = check_positive_int(num_parts, "num_parts")
+    radius = check_radius(radius)
     if pts.shape[0] < 2 or num_parts <= 1:
         return 0.0
     extent = (pts.amax(dim=0) - pts.amin(dim=0)).tolist()
@@ -55,6 +50,8 @@ def neighbor_radius(points: torch.Tensor | np.ndarray, num_neighbors: int = 32, 
     from scipy.spatial import cKDTree
 
     pts = as_points(points).detach().cpu().to(torch.float64).numpy()
+    num_neighbors = check_positive_int(num_neighbors, "num_neighbors")
+    num_samples = check_positive_int(num_samples, "num_samples")
     if pts.shape[0] <= num_neighbors:
         raise ValueError(f"points must hold more than num_neighbors = {num_neighbors} points (got {pts.shape[0]})")
     tree = cKDTree(pts)
@@ -73,8 +70,8 @@ def quality(
 
     Ghosts of part ``r`` for ``radius``: the points owned by other parts that lie within
     ``radius`` (closed ball, Euclidean) of at least one point of ``r``, i.e. the halo rank ``r``
-    must receive. Counted exactly, on CPU: a scipy ``cKDTree`` per part, queried by the points of
-    other parts inside the part's bounding box grown by ``radius``.
+    must receive. Counted exactly, on CPU, by :func:`~._ghosts.ghost_sets` (the ghost sets that
+    :class:`~meshshard.halo.HaloPlan` builds and :func:`meshshard.io.write_partitions` writes).
 
     Parameters
     ----------
@@ -150,8 +147,8 @@ def quality(
     }
     if radius is None:
         return result
-    radius = _check_radius(radius)
-    ghosts, neighbors, _ = _ghosts(pts.detach().cpu().to(torch.float64).numpy(), part, radius)
+    radius = check_radius(radius)
+    ghosts, neighbors, _ = ghost_counts(pts, part, radius)
     sizes = part.sizes.cpu()
     nonempty = sizes > 0
     result.update(
@@ -166,43 +163,17 @@ def quality(
     return result
 
 
-def _ghosts(pts: np.ndarray, part: Partition, radius: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact ghost count, number of source parts, and points sent to other parts, of every part (CPU, scipy)."""
-    from scipy.spatial import cKDTree
+def ghost_counts(
+    points: torch.Tensor | np.ndarray, part: Partition, radius: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per part: its exact ghost count, the parts they come from, and the points it sends to others.
 
-    num_parts = part.num_parts
-    ghosts = torch.zeros(num_parts, dtype=torch.long)
-    neighbors = torch.zeros(num_parts, dtype=torch.long)
-    sent = np.zeros(num_parts, dtype=np.int64)
-    if pts.shape[0] == 0 or num_parts == 1:
-        return ghosts, neighbors, torch.from_numpy(sent)
-    owner = part.owner.cpu().numpy()
-    perm = part.perm.cpu().numpy()
-    offsets = part.offsets.cpu().tolist()
-    # Points sorted along axis 0: each part's candidates are one contiguous slab of this copy.
-    order = np.argsort(pts[:, 0], kind="stable")
-    sorted_pts = pts[order]
-    sorted_owner = owner[order]
-    upper = np.nextafter(radius, np.inf)  # cKDTree's bound is strict; the ball is closed
-    for r in range(num_parts):
-        mine = pts[perm[offsets[r] : offsets[r + 1]]]
-        if mine.shape[0] == 0:
-            continue
-        lo = mine.min(axis=0) - radius
-        hi = mine.max(axis=0) + radius
-        i0 = np.searchsorted(sorted_pts[:, 0], lo[0], side="left")
-        i1 = np.searchsorted(sorted_pts[:, 0], hi[0], side="right")
-        slab = sorted_pts[i0:i1]
-        inside = sorted_owner[i0:i1] != r
-        for a in range(1, pts.shape[1]):
-            inside &= (slab[:, a] >= lo[a]) & (slab[:, a] <= hi[a])
-        (cand,) = np.nonzero(inside)
-        if cand.size == 0:
-            continue
-        dist, _ = cKDTree(mine).query(slab[cand], k=1, distance_upper_bound=upper, workers=-1)
-        found = cand[dist <= radius] + i0
-        ghosts[r] = found.size
-        sources = sorted_owner[found]
-        neighbors[r] = np.unique(sources).size
-        sent += np.bincount(sources, minlength=num_parts)
-    return ghosts, neighbors, torch.from_numpy(sent)
+    From :func:`~._ghosts.ghost_sets`; three LongTensors ``(P,)``. A point that is a ghost of two
+    parts is sent twice.
+    """
+    owner = part.owner.cpu()
+    sets = ghost_sets(points, owner, part.num_parts, radius)
+    ghosts = torch.tensor([len(s) for s in sets], dtype=torch.long)
+    neighbors = torch.tensor([owner[s].unique().numel() for s in sets], dtype=torch.long)
+    sent = torch.bincount(owner[torch.cat(sets)], minlength=part.num_parts)
+    return ghosts, neighbors, sent

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from .. import comm
+from .._checks import check_positive_int
 from ..tensor import ShardTensor
 from ._rcb import rcb
 from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
@@ -163,11 +164,11 @@ def repartition(
     >>> torch.equal(ids.full_tensor(), part.perm)        # doctest: +SKIP
     True
     """
-    points, ids, _, _ = _repartition(x, method, weights, axis_rule=axis_rule, num_parts=num_parts)
+    points, ids, _, _ = repartition_with_payload(x, method, weights, axis_rule=axis_rule, num_parts=num_parts)
     return points, ids
 
 
-def _repartition(
+def repartition_with_payload(
     x: ShardTensor,
     method: str = "rcb",
     weights: ShardTensor | None = None,
@@ -200,8 +201,7 @@ def _repartition(
     group, rank, world = spec.group, spec.rank, spec.num_ranks
     if num_parts is None:
         num_parts = world
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
-        raise ValueError(f"num_parts must be a positive int (got {num_parts!r})")
+    num_parts = check_positive_int(num_parts, "num_parts")
     local = x.to_local().detach()
     w_local = None if weights is None else weights.to_local().detach()
     _agree(_local_problem(local, w_local), group, rank, local.device)

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._config import PARTITION_METHODS
+
 __all__ = [
     "as_points",
     "check_fractions",
     "check_method",
-    "check_num_parts",
     "check_weights",
     "quantize_weights",
 ]
 
-METHODS = ("rcb", "morton", "hilbert")
+METHODS = PARTITION_METHODS
 
 
 def _type_name(x: Any) -> str:
@@ -56,18 +56,6 @@ def as_points(points: Any, name: str = "points") -> torch.Tensor:
         raise ValueError(f"{name} must be finite (found {bad.numel()} rows with NaN/Inf, first at row {int(bad[0])})")
     return points
 
-
-def check_num_parts(num_parts: Any, name: str = "num_parts") -> int:
-    """Return ``num_parts`` as an ``int >= 1``."""
-    if isinstance(num_parts, bool):
-        raise TypeError(f"{name} must be an integer (got bool)")
-    try:
-        value = operator.index(num_parts)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer (got {_type_name(num_parts)})") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1 (got {value})")
-    return value
 
 
 def check_method(method: Any) -> str:

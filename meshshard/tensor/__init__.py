@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from . import _rules  # noqa: F401  (registration side effects)
 from ._dispatch import has_rule, register_rule
-from ._spec import ShardSpec, offsets_of
+
+# building blocks for the ops and nn layers (importable from the package, not user API)
+from ._rules._common import local_of as local_of
+from ._rules._common import replicated as replicated
+from ._rules._common import wrap as wrap
+from ._spec import ShardSpec
 from ._tensor import ReplicatedTensor, ShardTensor, scatter, validate_enabled
 
 __all__ = [
-    "ReplicatedTensor", "ShardSpec", "ShardTensor", "has_rule", "offsets_of", "register_rule", "scatter",
+    "ReplicatedTensor", "ShardSpec", "ShardTensor", "has_rule", "register_rule", "scatter",
     "validate_enabled",
 ]

@@ -58,7 +58,15 @@ def register_rule(*funcs: Callable) -> Callable[[Rule], Rule]:
     A rule registered later for the same function replaces the earlier one.
     """
 
+    if not funcs:
+        raise TypeError("register_rule needs at least one torch function or method (got none)")
+    for f in funcs:
+        if f is not None and not callable(f):
+            raise TypeError(f"register_rule takes torch functions or methods (got {type(f).__name__} {f!r})")
+
     def deco(rule: Rule) -> Rule:
+        if not callable(rule):
+            raise TypeError(f"a sharding rule must be callable as rule(func, args, kwargs) (got {type(rule).__name__})")
         for f in funcs:
             if f is not None:
                 _RULES[f] = rule

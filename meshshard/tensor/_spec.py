@@ -1,4 +1,4 @@
-"""``ShardSpec``: where a sharded tensor lives (metadata only, no data), and the one source of offsets."""
+"""``ShardSpec``: where a sharded tensor lives (metadata only, no data); offsets come from :mod:`meshshard._sizes`."""
 
 from __future__ import annotations
 
@@ -10,15 +10,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .._sizes import offsets_of
+
 __all__ = ["ShardSpec", "offsets_of"]
 
-
-def offsets_of(sizes: Sequence[int]) -> tuple[int, ...]:
-    """``(0, s0, s0+s1, ..., sum(sizes))``: the single source of offsets from uneven sizes."""
-    out = [0]
-    for s in sizes:
-        out.append(out[-1] + int(s))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -45,14 +40,25 @@ class ShardSpec:
     mesh_id: int = field(default=0, repr=False)
     _moved: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
+    def __post_init__(self) -> None:
+        ndim = len(self.global_shape)
+        if not 0 <= self.dim < ndim:
+            raise ValueError(f"dim must be in [0, {ndim}) for a {ndim}-d global shape (got {self.dim})")
+        if any(s < 0 for s in self.sizes):
+            raise ValueError(f"sizes must be non-negative (got {list(self.sizes)})")
+        if sum(self.sizes) != self.global_shape[self.dim]:
+            raise ValueError(
+                f"sizes must sum to global_shape[dim] = {self.global_shape[self.dim]} (got sum {sum(self.sizes)})"
+            )
+
     @property
     def group(self) -> dist.ProcessGroup:
-        return _cached(self.mesh, self.mesh_dim)[0]
+        return axis_group_rank(self.mesh, self.mesh_dim)[0]
 
     @property
     def rank(self) -> int:
         """This process's rank along the mesh axis (the index of its shard)."""
-        return _cached(self.mesh, self.mesh_dim)[1]
+        return axis_group_rank(self.mesh, self.mesh_dim)[1]
 
     @property
     def num_ranks(self) -> int:
@@ -110,7 +116,7 @@ class ShardSpec:
         return shape
 
 
-def _cached(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
+def axis_group_rank(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
     """(process group, local rank) of a mesh axis, cached on the mesh: looked up on every op."""
     cache = mesh.__dict__.setdefault("_meshshard_axis_cache", {})
     hit = cache.get(mesh_dim)

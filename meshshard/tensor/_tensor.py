@@ -43,9 +43,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from .. import comm, faults
+from .._sizes import offsets_of
 from ..errors import ShardingError, UnsupportedOpError
+from ..partition._partition import Partition
 from ._dispatch import bind, dispatch, op_name
-from ._spec import ShardSpec, _cached, as_sizes, norm_mesh_dim, offsets_of
+from ._spec import ShardSpec, as_sizes, axis_group_rank, norm_mesh_dim
 
 __all__ = ["ShardTensor", "ReplicatedTensor", "scatter", "validate_enabled"]
 
@@ -111,7 +113,7 @@ class ShardTensor(torch.Tensor):
             )
         dim %= local.dim()
         mdim = norm_mesh_dim(mesh, mesh_dim)
-        group, rank = _cached(mesh, mdim)
+        group, rank = axis_group_rank(mesh, mdim)
         world = mesh.size(mdim)
         n_local = local.shape[dim]
         if sizes is None:
@@ -134,7 +136,7 @@ class ShardTensor(torch.Tensor):
         shape = list(local.shape)
         shape[dim] = sum(sizes_t)
         spec = ShardSpec(mesh, mdim, dim, sizes_t, torch.Size(shape), id(mesh))
-        return _wrap(local, spec)
+        return wrap_shard(local, spec)
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -204,7 +206,7 @@ class ShardTensor(torch.Tensor):
         shape = list(out.shape)
         shape[spec.dim] = spec.num_global
         new_spec = ShardSpec(spec.mesh, spec.mesh_dim, spec.dim, new_sizes, torch.Size(shape), spec.mesh_id)
-        return _wrap(out, new_spec)
+        return wrap_shard(out, new_spec)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
         with torch._C.DisableTorchFunctionSubclass():
@@ -312,7 +314,7 @@ def _dtensors_to_local(func, args, kwargs):
     return tuple(conv(a) for a in args), {k: conv(v) for k, v in kwargs.items()}
 
 
-def _wrap(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
+def wrap_shard(local: torch.Tensor, spec: ShardSpec) -> ShardTensor:
     """``local`` (a plain tensor) as a ShardTensor with ``spec``: no copy, autograd kept."""
     out = local.as_subclass(ShardTensor)
     out._spec = spec
@@ -524,7 +526,7 @@ def autograd_entry(func, args: tuple, kwargs: dict):
         if g is None:
             out.append(None)
         elif isinstance(t, ShardTensor):
-            out.append(_wrap(g, t._spec))
+            out.append(wrap_shard(g, t._spec))
         elif group is not None:  # partial on each rank: the true gradient is the sum over the group
             out.append(comm.all_reduce(g, group))
         else:
@@ -534,7 +536,7 @@ def autograd_entry(func, args: tuple, kwargs: dict):
 
 def scatter(
     global_tensor: torch.Tensor,
-    partition: Any,
+    partition: Partition | Sequence[int] | torch.Tensor,
     mesh: DeviceMesh,
     dim: int = 0,
     *,
@@ -558,9 +560,9 @@ def scatter(
         raise ValueError(f"dim must be in [-{global_tensor.dim()}, {global_tensor.dim()}) (got {dim})")
     dim %= global_tensor.dim()
     mdim = norm_mesh_dim(mesh, mesh_dim)
-    rank = _cached(mesh, mdim)[1]
+    rank = axis_group_rank(mesh, mdim)[1]
     n = global_tensor.shape[dim]
-    perm = getattr(partition, "perm", None)
+    perm = partition.perm if isinstance(partition, Partition) else None
     sizes = as_sizes(partition.sizes if perm is not None else partition, "partition")
     if len(sizes) != mesh.size(mdim):
         raise ValueError(

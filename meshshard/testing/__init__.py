@@ -3,13 +3,12 @@
 Test your own sharded model against its serial twin in a few lines::
 
     import torch.distributed as dist
+    from meshshard import comm
     from meshshard.testing import run_distributed
 
     def check(n):                       # module level: it is pickled by reference
-        rank = dist.get_rank()
-        t = torch.full((1,), float(rank + n))
-        dist.all_reduce(t)
-        return t.item()
+        t = torch.full((1,), float(dist.get_rank() + n))
+        return comm.all_reduce(t).item()  # every collective through meshshard.comm: counted, named on failure
 
     def test_sum():
         assert run_distributed(check, 3, 1) == [6.0, 6.0, 6.0]
@@ -52,7 +51,7 @@ def run_distributed(
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return the results ordered by rank.
 
     The default process group is initialised in every worker before ``fn`` runs, so ``fn`` may
-    call ``torch.distributed`` directly or :func:`meshshard.init_mesh`.
+    call :func:`meshshard.init_mesh` and the collectives of :mod:`meshshard.comm`.
 
     Raises
     ------

@@ -24,6 +24,8 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .._checks import check_positive_int
+
 __all__ = ["DistributedError", "RankFailure", "WorkerPool"]
 
 _GRACE_S = 3.0  # after one rank fails, how long to wait for the others' own reports
@@ -131,8 +133,7 @@ class WorkerPool:
         timeout: float = 60.0,
         num_threads: int = 1,
     ) -> None:
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int (got {world_size!r})")
+        check_positive_int(world_size, "world_size")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive (got {timeout!r})")
         from .._spawn import check_main_guard

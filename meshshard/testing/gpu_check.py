@@ -221,9 +221,9 @@ def _variant_tag(kw: dict) -> str:
 
 def backends() -> tuple[str, ...]:
     """The neighbour-search kernel backends this meshshard offers (discovered, not assumed)."""
-    from meshshard.ops import _kernels
+    from meshshard import kernels
 
-    return tuple(getattr(_kernels, "BACKENDS", ("scipy", "grid", "torch_cluster")))
+    return tuple(getattr(kernels, "BACKENDS", ("scipy", "grid", "torch_cluster")))
 
 
 def _unavailable(exc: BaseException) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import zipfile
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 import zarr
 
 from meshshard.datasets import DatasetError, DrivaerML, DrivaerMLDataset, load_meta, preprocess
-from meshshard.datasets._cli import register
 from meshshard.datasets._curator import CuratorDrivaerML, CuratorRun, rank_rows
 from meshshard.testing import run_distributed
 from meshshard.testing.curator import volume_shuffle, write_curator_runs
@@ -297,21 +295,6 @@ def test_compressed_npz_still_reads(curator_roots: dict[str, Path], tmp_path: Pa
     ref = CuratorDrivaerML(curator_roots["npz"]).read_surface(2, rows=(5, 50))
     for name, values in ref.items():
         np.testing.assert_array_equal(got[name], values)
-
-
-def test_cli_source(curator_roots: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(
-        ["preprocess", str(curator_roots["npz"]), str(tmp_path / "s"), "--source", "physicsnemo-curator",
-         "--parts", "1", "2", "--workers", "1", "--no-progress", "--runs", "1"]
-    )  # fmt: skip
-    assert args.func(args) == 0
-    assert "1 run(s) processed" in capsys.readouterr().out
-    assert load_meta(tmp_path / "s")["runs"]["1"]["surface"]["sizes"]["2"]
-    bad = parser.parse_args(["preprocess", str(curator_roots["npz"]), str(tmp_path / "t"), "--no-progress"])
-    with pytest.raises(SystemExit, match=r"no run_<i> folders in .*: use source='physicsnemo-curator'\)$"):
-        bad.func(bad)
 
 
 def test_workers_give_the_same_store(curator_roots: dict[str, Path], tmp_path: Path) -> None:

@@ -119,60 +119,6 @@ def test_missing_field_names_file_and_field(tiny_root: Path) -> None:
         DrivaerML(tiny_root, fields={"boundary": ["pMeanTrim"]})
 
 
-def _write_with_vtk(mesh, path: Path) -> None:  # noqa: ANN001
-    from vtkmodules.vtkIOXML import vtkXMLPolyDataWriter
-
-    writer = vtkXMLPolyDataWriter()
-    writer.SetFileName(str(path))
-    writer.SetInputData(mesh)
-    writer.Write()
-
-
-def test_bad_arrays(tmp_path: Path) -> None:
-    from vtkmodules.util.numpy_support import numpy_to_vtk
-
-    run = tmp_path / "run_1"
-    run.mkdir()
-    path = run / "boundary_1.vtp"
-    corners = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], dtype=np.float32)
-    square = pv.PolyData(corners, [3, 0, 1, 2, 3, 0, 2, 3])
-
-    short = square.copy()
-    array = numpy_to_vtk(np.zeros(1, dtype=np.float32), deep=1)
-    array.SetName("pMeanTrim")
-    short.GetCellData().AddArray(array)  # 1 value for 2 cells: VTK refuses the array
-    _write_with_vtk(short, path)
-    with pytest.raises(DatasetError, match=r"boundary_1\.vtp: cell field 'pMeanTrim' has the wrong length"):
-        DrivaerML(tmp_path, fields=["pMeanTrim"])[0]
-
-    wrong = square.copy()
-    wrong.cell_data["wallShearStressMeanTrim"] = np.zeros((2, 2), dtype=np.float32)
-    wrong.save(path)
-    with pytest.raises(DatasetError, match=r"'wallShearStressMeanTrim' must have 3 component\(s\) \(got 2\)"):
-        DrivaerML(tmp_path, fields=["wallShearStressMeanTrim"])[0]
-
-    pointwise = square.copy()
-    pointwise.point_data["pMeanTrim"] = np.zeros(4, dtype=np.float32)
-    pointwise.save(path)
-    with pytest.raises(DatasetError, match="it is stored as point data"):
-        DrivaerML(tmp_path, fields=["pMeanTrim"])[0]
-
-    lines = pv.PolyData(np.zeros((2, 3), dtype=np.float32), lines=[2, 0, 1])
-    lines.cell_data["pMeanTrim"] = np.zeros(1, dtype=np.float32)
-    lines.save(path)
-    with pytest.raises(DatasetError, match=r"expected only polygon cells \(got 1 vertex/line/strip cells\)"):
-        DrivaerML(tmp_path, fields=["pMeanTrim"])[0]
-
-
-@pytest.mark.parametrize("damage", ["truncate", "garbage"])
-def test_corrupt_file(broken_root: Path, damage: str) -> None:
-    path = broken_root / "run_1" / "boundary_1.vtp"
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"not a vtk file" * 10)
-    with pytest.raises(DatasetError, match=r"boundary_1\.vtp: could not be read as VTK XML .*corrupt or truncated"):
-        DrivaerML(broken_root)[0]
-
-
 def test_bad_csv(broken_root: Path) -> None:
     path = broken_root / "run_1" / "force_mom_1.csv"
     path.write_text("Cd,Cl\n0.3\n")

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch_geometric.data import Data
 
 from meshshard.datasets import DrivaerMLDataset, load_meta
 from meshshard.datasets._store import read_npy_header
@@ -59,7 +60,7 @@ def test_splits_kinds_and_fields(tiny_store: Path) -> None:
         DrivaerMLDataset(tiny_store, kind="wake", mesh=None)
     with pytest.raises(ValueError, match=r"fields \['UMeanTrim'\] are not in the store's surface arrays"):
         DrivaerMLDataset(tiny_store, fields=["UMeanTrim"], mesh=None)
-    with pytest.raises(ValueError, match="num_points must be a positive int"):
+    with pytest.raises(ValueError, match="num_points must be at least 1"):
         DrivaerMLDataset(tiny_store, num_points=0, mesh=None)
     with pytest.raises(TypeError, match="mesh must be a DeviceMesh, None or 'auto' \\(got int\\)"):
         DrivaerMLDataset(tiny_store, mesh=3)
@@ -104,8 +105,8 @@ def test_subsampling_is_seeded_per_epoch(tiny_store: Path) -> None:
 
 
 def test_as_pyg(tiny_store: Path) -> None:
-    import torch_geometric  # noqa: F401  (as_pyg needs it; a hard dependency)
     data = DrivaerMLDataset(tiny_store, split="all", mesh=None, as_pyg=True)[0]
+    assert isinstance(data, Data)
     assert data.pos.shape[1] == 3 and data.pMeanTrim.shape == (data.num_nodes,) and data.run == 1
 
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -8,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import trimesh
 
 from meshshard.datasets import DrivaerML, load_meta, preprocess
 from meshshard.datasets import _preprocess as preprocess_module
-from meshshard.datasets._cli import register
 from meshshard.datasets._store import FieldStats
 
 SURFACE_ARRAYS = {"pos", "normals", "areas", "pMeanTrim", "CpMeanTrim", "wallShearStressMeanTrim"}
@@ -63,8 +62,6 @@ def test_arrays_are_the_source_in_partition_order(tiny_root: Path, tiny_store: P
 
 
 def test_sdf_matches_a_direct_computation(tiny_root: Path, tiny_store: Path) -> None:
-    import trimesh
-
     folder = tiny_store / "runs" / "run_1" / "volume" / "p4"
     pos = np.load(folder / "pos.npy")[:200].astype(np.float64)
     body = trimesh.load(tiny_root / "run_1" / "drivaer_1.stl")
@@ -167,7 +164,7 @@ def test_corrupt_run_names_file(tiny_root: Path, tmp_path: Path) -> None:
             ValueError,
             r"method must be one of \('rcb', 'morton', 'hilbert'\) \(got 'metis'\)",
         ),
-        ({"workers": 0}, ValueError, r"workers must be a positive int \(got 0\)"),
+        ({"workers": 0}, ValueError, r"workers must be at least 1 \(got 0\)"),
         ({"surface": False}, ValueError, "at least one of surface, volume"),
         ({"splits": (0.9, 0.2, 0.0)}, ValueError, "splits must be non-negative and sum to 1"),
         ({"volume": True, "sdf_backend": "trimesh"}, ValueError, "sdf_backend must be one of"),
@@ -184,28 +181,6 @@ def test_load_meta_errors(tmp_path: Path) -> None:
     (tmp_path / "meta.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="is not a meshshard.DrivaerMLStore/1 store"):
         load_meta(tmp_path)
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="meshshard")
-    register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(argv)
-
-
-def test_cli(tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = _parse(
-        ["preprocess", str(tiny_root), str(tmp_path / "s"), "--parts", "2", "--workers", "1", "--no-progress"]
-    )
-    assert args.func(args) == 0
-    out = capsys.readouterr().out
-    assert "3 run(s) processed" in out and "cells/s" in out
-    assert load_meta(tmp_path / "s")["kinds"] == ["surface"]
-    args = _parse(["preprocess", str(tmp_path / "missing"), str(tmp_path / "s")])
-    with pytest.raises(SystemExit, match="DATA_DIR .*missing is not a directory"):
-        args.func(args)
-    args = _parse(["preprocess", str(tiny_root), str(tmp_path / "s"), "--parts", "0"])
-    with pytest.raises(SystemExit, match=r"meshshard preprocess: parts must be positive"):
-        args.func(args)
 
 
 def test_stats_json_round_trip(tiny_store: Path) -> None:

@@ -30,5 +30,5 @@ def test_backend_choice() -> None:
     with pytest.raises(ValueError, match=r"sdf_backend must be one of \('auto', 'igl', 'warp'\) \(got 'cgal'\)"):
         resolve_backend("cgal")
     vertices, faces = _unit_cube()
-    with pytest.raises(ValueError, match=r"chunk_size must be positive \(got 0\)"):
+    with pytest.raises(ValueError, match=r"chunk_size must be at least 1 \(got 0\)"):
         signed_distance(POINTS, vertices, faces, backend="igl", chunk_size=0)

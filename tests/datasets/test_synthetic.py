@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pyvista as pv
+import torch
 import trimesh
 
 from meshshard.datasets import DrivaerML, make_synthetic_drivaerml
@@ -16,6 +17,7 @@ from meshshard.datasets.synthetic import (
     car_surface,
     integrate_forces,
 )
+from meshshard.testing import run_distributed
 
 Q_INF = 0.5 * RHO * U_INF**2
 
@@ -125,6 +127,64 @@ def test_integrate_forces_hand_made() -> None:
     assert out["Aref"] == 1.0
     assert out["Cd"] == pytest.approx(2.0 / Q_INF)
     assert out["My"] == pytest.approx(0.5 * 2.0)  # r = (0, 0, 0.5) x F = (2, 0, 0)
+
+
+def test_integrate_forces_free_stream_options() -> None:
+    # One upstream-facing unit face at 3 Pa: F = (3, 0, 0), q = rho U^2 / 2 = 0.5 * 2 * 4 = 4, Aref = 1.
+    out = integrate_forces([[0.0, 0.0, 0.0]], [[-1.0, 0.0, 0.0]], [1.0], [3.0], [[0.0, 0.0, 0.0]], rho=2.0, u_inf=2.0)
+    assert out["Fx"] == 3.0 and out["Cd"] == 3.0 / 4.0 and (out["rho"], out["Uinf"]) == (2.0, 2.0)
+    assert out["Aref"] == 1.0 and out["Mx"] == out["My"] == out["Mz"] == 0.0
+
+
+def _closed_body() -> dict[str, np.ndarray]:
+    """The synthetic car's closed surface, with normals, areas and centres from trimesh (not from meshshard)."""
+    vertices, faces = car_surface(CarParameters.sample(np.random.default_rng(4)), 3000)
+    body = trimesh.Trimesh(vertices, faces, process=False)
+    assert body.is_watertight
+    return {"centres": body.triangles_center, "normals": body.face_normals, "areas": body.area_faces}
+
+
+def test_uniform_pressure_on_a_closed_surface_gives_no_force_or_moment() -> None:
+    # The closed-form case: sum over a closed surface of n dA is 0, and of r x n dA too, for any reference point.
+    body = _closed_body()
+    n = len(body["areas"])
+    out = integrate_forces(body["centres"], body["normals"], body["areas"], np.full(n, 500.0), np.zeros((n, 3)),
+                           reference_point=(1.0, 0.2, 0.3))
+    scale = 500.0 * body["areas"].sum()  # the force on one side, for the rounding tolerance
+    for key in ("Fx", "Fy", "Fz"):
+        assert abs(out[key]) < 1e-12 * scale, (key, out[key])
+    for key in ("Mx", "My", "Mz"):
+        assert abs(out[key]) < 1e-12 * scale * 5.0, (key, out[key])  # lever arms of a few metres
+    # the frontal area: half the projected area of a closed body on the yz plane, sum |n_x| A / 2
+    assert out["Aref"] == pytest.approx(0.5 * (np.abs(body["normals"][:, 0]) * body["areas"]).sum(), rel=1e-12)
+
+
+def _sharded_forces(arrays: dict[str, np.ndarray], sizes: list[int]) -> dict[str, float]:
+    import meshshard as ms
+
+    mesh = ms.init_mesh()
+    rank = torch.distributed.get_rank()
+    lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    x = {k: ms.ShardTensor.from_local(torch.from_numpy(v[lo:hi]), mesh, sizes=sizes) for k, v in arrays.items()}
+    return integrate_forces(x["centres"], x["normals"], x["areas"], x["pressure"], x["shear"],
+                            reference_point=(1.0, 0.2, 0.3))
+
+
+def test_integrate_forces_on_tensors_and_shard_tensors_equals_numpy() -> None:
+    """Training's drag and lift (torch tensors, sharded over the ranks) are this same integration."""
+    body = _closed_body()
+    rng = np.random.default_rng(0)
+    n = len(body["areas"])
+    arrays = {**body, "pressure": rng.normal(size=n) * 300.0, "shear": rng.normal(size=(n, 3))}
+    ref = integrate_forces(*(arrays[k] for k in ("centres", "normals", "areas", "pressure", "shear")),
+                           reference_point=(1.0, 0.2, 0.3))
+    assert abs(ref["Fx"]) > 1.0  # not the trivial closed-form zero
+    plain = integrate_forces(*(torch.from_numpy(arrays[k]) for k in ("centres", "normals", "areas", "pressure",
+                                                                     "shear")), reference_point=(1.0, 0.2, 0.3))
+    assert plain == pytest.approx(ref, rel=1e-12, abs=1e-9)
+    sizes = [n // 2 + 7, 0, n - n // 2 - 7]
+    for got in run_distributed(_sharded_forces, 3, arrays, sizes):
+        assert got == pytest.approx(ref, rel=1e-10, abs=1e-9)
 
 
 def test_volume_mesh_and_fields(tiny_root: Path) -> None:

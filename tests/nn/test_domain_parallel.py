@@ -1,4 +1,4 @@
-"""Sharded graphs and DomainParallel: unchanged PyG layers and MeshGraphNet equal single-process.
+"""DomainParallel on a ShardedGraph: unchanged PyG layers and MeshGraphNet equal single-process.
 
 Outputs, input gradients and every parameter gradient (after ``sync_gradients``) are compared
 with the plain PyG model on the whole graph, at world sizes 1-4 with uneven and empty shards,
@@ -14,24 +14,10 @@ from torch_geometric.nn import EdgeConv, GATConv, GCNConv, GINEConv, PointNetCon
 
 import meshshard as ms
 from meshshard.nn import DomainParallel, MeshGraphNet
-from meshshard.ops import ShardedGraph, cells_to_edges, knn
+from meshshard.ops import ShardedGraph, knn
 from meshshard.testing import run_distributed
 
-N, C = 41, 5
-SIZES = {1: [41], 2: [30, 11], 3: [0, 25, 16], 4: [9, 0, 20, 12]}
-
-
-def _data():
-    g = torch.Generator().manual_seed(3)
-    pos = torch.rand(N, 3, generator=g, dtype=torch.float64)
-    x = torch.randn(N, C, generator=g, dtype=torch.float64)
-    # a surface-like triangulation of a strip plus random long-range triangles (ghosts far away)
-    tri = [[i, i + 1, i + 2] for i in range(N - 2)]
-    tri += torch.randint(0, N, (8, 3), generator=g).tolist()
-    edges = cells_to_edges(torch.tensor(tri))
-    loops = torch.tensor([[4, 17, 30], [4, 17, 30]])  # a few self loops and a duplicate edge
-    edges = torch.cat([edges, loops, edges[:, :1]], 1)
-    return pos, x, edges
+from ..ops._helpers import SIZES, C, N, graph_data
 
 
 def _mlp(a, b):
@@ -110,7 +96,7 @@ def _edge_attr(rel, dist):
 def _sharded(world_hops):
     mesh = ms.init_mesh()
     world, rank = dist.get_world_size(), dist.get_rank()
-    pos_all, x_all, edges = _data()
+    pos_all, x_all, edges = graph_data()
     sizes = SIZES[world]
     lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
     results = []
@@ -139,7 +125,7 @@ def _sharded(world_hops):
 
 
 def _reference(kind):
-    pos, x, edges = _data()
+    pos, x, edges = graph_data()
     model = _model(kind)
     rel = pos[edges[0]] - pos[edges[1]]
     out, xl, posl = _run(model, None, x, pos, edges, _edge_attr(rel, rel.norm(dim=-1, keepdim=True)), False)
@@ -178,7 +164,7 @@ def test_layers_match_single_process(world_size):
 
 
 def test_layers_match_single_process_with_hops_too_small():
-    pos, x, edges = _data()
+    pos, x, edges = graph_data()
     graph = ShardedGraph.from_edges(pos, edges, hops=2)
     model = _model("mgn")
     rel, d = graph.edge_vectors()
@@ -187,78 +173,10 @@ def test_layers_match_single_process_with_hops_too_small():
         runner(x, graph.edge_index, torch.cat([rel, d], -1))
 
 
-def _build_counts(hops):
-    mesh = ms.init_mesh()
-    world, rank = dist.get_world_size(), dist.get_rank()
-    pos_all, _, edges = _data()
-    sizes = SIZES[world]
-    lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
-    pos = ms.ShardTensor.from_local(pos_all[lo:hi], mesh, sizes=sizes)
-    with ms.CommCounter() as cc:
-        graph = ShardedGraph.from_edges(pos, edges, hops=hops)
-    rel, length = graph.edge_vectors()
-    with ms.CommCounter() as ex:
-        rel2, _ = graph.edge_vectors(pos)  # exchanged positions: the same values
-    torch.testing.assert_close(rel2, rel, rtol=0, atol=0)
-    errors = []
-    if world > 1:  # a ghost id this rank owns is refused on this rank only (no collective reached)
-        mine = torch.arange(lo, hi)
-        for bad in (mine[:1], torch.tensor([N])):
-            if bad.numel():
-                try:
-                    ms.HaloPlan.from_ghost_ids(pos, bad)
-                except ValueError as exc:
-                    errors.append(str(exc))
-    return (
-        dict(cc.counts),
-        graph.global_edge_index(),
-        graph.owned_edges(),
-        graph.global_index,
-        graph.in_degree,
-        (rel, length, dict(ex.counts)),
-        errors,
-    )
-
-
-@pytest.mark.parametrize("hops", [1, 3])
-def test_graph_build_ghosts_and_counts(hops):
-    world = 3
-    pos_all, _, edges = _data()
-    sizes = SIZES[world]
-    results = run_distributed(_build_counts, world, hops)
-    deg = torch.bincount(edges[1], minlength=N)
-    for rank, (counts, gedges, owned, gidx, in_degree, (rel, length, ex), errors) in enumerate(results):
-        lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
-        torch.testing.assert_close(rel, pos_all[gedges[0]] - pos_all[gedges[1]], rtol=0, atol=0)
-        torch.testing.assert_close(length[:, 0], rel.norm(dim=-1))
-        assert ex == {"all_to_all": 1}
-        assert all("ghost_ids must be global indices in [0, 41) owned by other ranks than" in e for e in errors)
-        assert len(errors) == (2 if hi > lo else 1)
-        # from_ghost_ids: 3, degrees: 1, per extra hop: 4
-        assert counts == {"all_to_all": 4 + 4 * (hops - 1)}
-        mine = (edges[1] >= lo) & (edges[1] < hi)
-        assert sorted(map(tuple, gedges[:, owned].t().tolist())) == sorted(map(tuple, edges[:, mine].t().tolist()))
-        torch.testing.assert_close(in_degree, deg[gidx])
-        # ghosts: exactly the nodes within `hops` in-hops of an owned node, not owned
-        reach = torch.zeros(N, dtype=torch.bool)
-        reach[lo:hi] = True
-        for _ in range(hops):
-            reach[edges[0][reach[edges[1]]]] = True
-        reach[lo:hi] = False
-        assert gidx[hi - lo :].tolist() == reach.nonzero().flatten().tolist()
-        # with k hops every node closer than k has all its in-edges locally
-        closer = torch.zeros(N, dtype=torch.bool)
-        closer[lo:hi] = True
-        for _ in range(hops - 1):
-            closer[edges[0][closer[edges[1]]]] = True
-        want = sorted(map(tuple, edges[:, closer[edges[1]]].t().tolist()))
-        assert sorted(map(tuple, gedges.t().tolist())) == want
-
-
 def _knn_graph():
     mesh = ms.init_mesh()
     world, rank = dist.get_world_size(), dist.get_rank()
-    pos_all, x_all, _ = _data()
+    pos_all, x_all, _ = graph_data()
     sizes = SIZES[world]
     lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
     pos = ms.ShardTensor.from_local(pos_all[lo:hi], mesh, sizes=sizes)
@@ -272,7 +190,7 @@ def _knn_graph():
 
 
 def test_knn_graph_meshgraphnet_matches_single_process():
-    pos, x, _ = _data()
+    pos, x, _ = graph_data()
     nbr = knn(pos, None, 6)
     ref_graph = ShardedGraph.from_neighbors(pos, nbr)
     edges = ref_graph.edge_index
@@ -294,15 +212,7 @@ def test_knn_graph_meshgraphnet_matches_single_process():
 
 
 def test_bad_input():
-    pos, _, edges = _data()
-    with pytest.raises(ValueError, match=r"edge_index must hold node ids in \[0, 41\) \(got \[0, 41\]\)"):
-        ShardedGraph.from_edges(pos, torch.tensor([[0], [41]]))
-    with pytest.raises(ValueError, match=r"edge_index must be an integer tensor of shape \(2, E\)"):
-        ShardedGraph.from_edges(pos, edges.double())
-    with pytest.raises(ValueError, match=r"hops must be an int >= 1 \(got 0\)"):
-        ShardedGraph.from_edges(pos, edges, hops=0)
-    with pytest.raises(ValueError, match=r"mode must be 'cycle' or 'all' \(got 'x'\)"):
-        cells_to_edges(torch.tensor([[0, 1, 2]]), mode="x")
+    pos, _, edges = graph_data()
     with pytest.raises(TypeError, match="graph must be a meshshard.ops.ShardedGraph"):
         DomainParallel(_model("gcn"), edges)
     model = _model("gcn")
@@ -313,30 +223,10 @@ def test_bad_input():
     DomainParallel(model, ShardedGraph.from_edges(pos, edges)).remove()
 
 
-def test_cells_to_edges_exact():
-    e = cells_to_edges(torch.tensor([[0, 1, 2], [2, 1, 3], [3, 4, -1]]))
-    assert e.t().tolist() == [
-        [1, 0],
-        [2, 0],
-        [0, 1],
-        [2, 1],
-        [3, 1],
-        [0, 2],
-        [1, 2],
-        [3, 2],
-        [1, 3],
-        [2, 3],
-        [4, 3],
-        [3, 4],
-    ]
-    tet = cells_to_edges(torch.tensor([[0, 1, 2, 3]]), mode="all")
-    assert tet.shape == (2, 12)
-
-
 def _train_steps(steps, hops):
     """``steps`` AdamW steps of a 4-layer MeshGraphNet on the sharded mesh graph; the global losses."""
     mesh = ms.init_mesh() if dist.is_initialized() else None
-    pos_all, x_all, edges = _data()
+    pos_all, x_all, edges = graph_data()
     target_all = torch.sin(3 * pos_all)
     if mesh is None:
         lo, hi, pos = 0, N, pos_all
@@ -378,7 +268,7 @@ def _partitioned_mgn(method):
     from meshshard.partition import partition
 
     mesh = ms.init_mesh()
-    pos_all, x_all, edges = _data()
+    pos_all, x_all, edges = graph_data()
     part = partition(pos_all, dist.get_world_size(), method=method)
     pos = ms.scatter(pos_all, part, mesh)
     graph = ShardedGraph.from_edges(pos, edges, partition=part)
@@ -391,7 +281,7 @@ def _partitioned_mgn(method):
 
 @pytest.mark.parametrize("method", ["rcb", "hilbert"])
 def test_partitioned_mesh_graph_original_ids(method):
-    pos, x, edges = _data()
+    pos, x, edges = graph_data()
     model = _model("mgn")
     rel = pos[edges[0]] - pos[edges[1]]
     with torch.no_grad():

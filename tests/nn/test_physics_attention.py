@@ -149,9 +149,9 @@ def test_rows_of_slice_weights_sum_to_one():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match=r"slice_num must be positive \(got 0\)"):
+    with pytest.raises(ValueError, match=r"slice_num must be at least 1 \(got 0\)"):
         PhysicsAttention(8, 2, 4, 0)
-    with pytest.raises(TypeError, match="Expected 'heads' to be an int"):
+    with pytest.raises(TypeError, match=r"heads must be an integer \(got"):
         PhysicsAttention(8, 2.0, 4, 3)
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
         PhysicsAttention(8, 2, 4, 3, dropout=1.0)

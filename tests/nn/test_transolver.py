@@ -53,12 +53,12 @@ def test_points_are_exchangeable():
 def test_errors():
     with pytest.raises(ValueError, match=r"n_hidden must be divisible by n_head \(got n_hidden=10, n_head=4\)"):
         Transolver(3, 1, n_hidden=10, n_head=4)
-    with pytest.raises(ValueError, match=r"n_layers must be positive \(got 0\)"):
+    with pytest.raises(ValueError, match=r"n_layers must be at least 1 \(got 0\)"):
         Transolver(3, 1, n_layers=0)
     model = _model()
     with pytest.raises(ValueError, match=r"x must have shape \(N, 3\) or \(B, N, 3\) \(got \(4, 5\)\)"):
         model(torch.randn(4, 5))
-    with pytest.raises(ValueError, match=r"chunk_size must be positive \(got 0\)"):
+    with pytest.raises(ValueError, match=r"chunk_size must be at least 1 \(got 0\)"):
         chunked_forward(model, torch.randn(4, 3), 0)
     with pytest.raises(TypeError, match="Expected 'model' to be a Transolver"):
         chunked_forward(torch.nn.Linear(3, 2), torch.randn(4, 3), 2)

@@ -11,16 +11,12 @@ from hypothesis import strategies as st
 
 import meshshard as ms
 from meshshard.errors import ShardingError
+from meshshard.kernels import torch_cluster_available
 from meshshard.ops import Neighbors, ball_query, knn
-from meshshard.ops._kernels import points_within, radius_pairs, torch_cluster_available
 from meshshard.partition import partition
 from meshshard.testing import run_distributed
 
-BACKENDS = ["numba", "scipy", "grid"] + (["torch_cluster"] if torch_cluster_available() else [])
-# torch-cluster's CPU radius returned no neighbour for a 1-point, 1-D lattice query in one CI build (not
-# reproduced with another build of the same version): the property tests below check our own kernels, the
-# reference tests above keep torch-cluster.
-OWN_BACKENDS = [b for b in BACKENDS if b != "torch_cluster"]
+from ..kernels._helpers import BACKENDS, OWN_BACKENDS, grid_cloud
 
 
 # -- reference: brute force on the gathered points ----------------------------------------------------
@@ -50,17 +46,6 @@ def reference(points, queries, radius=None, k=None, ids=None):
         r = r[:width]
         out[i, : len(r)] = r
     return out
-
-
-def grid_cloud(n, seed, dim=3, spacing=0.25, span=8, dup=0.2):
-    """Points on a lattice (exact in float32: many exact-radius ties) with duplicates, in clusters."""
-    g = torch.Generator().manual_seed(seed)
-    pts = torch.randint(0, span, (n, dim), generator=g).float() * spacing
-    pts[: n // 3] *= 0.5  # a dense cluster
-    ndup = int(n * dup)
-    src = torch.randint(0, n, (ndup,), generator=g)
-    pts[n - ndup :] = pts[src]
-    return pts
 
 
 # -- single process ------------------------------------------------------------------------------------
@@ -122,31 +107,6 @@ def test_random_cloud_matches_reference(backend):
     torch.testing.assert_close(got.distances.double(), ref_d, rtol=1e-6, atol=1e-7)
 
 
-def test_grid_knn_bound_equals_brute_force():
-    from meshshard.ops._kernels import _grid_knn_bound, knn_bound
-
-    g = torch.Generator().manual_seed(5)
-    pts = torch.rand(600, 3, generator=g)
-    pts[:200, 2] = 0.0  # a flat patch: the density estimate is off, the radius doubles
-    q = torch.rand(90, 3, generator=g) * 1.5
-    for k in (1, 7, 50):
-        assert torch.equal(_grid_knn_bound(pts, q, k), knn_bound(pts, q, k, backend="grid"))
-
-
-def test_grid_kernel_chunks_agree():
-    from meshshard.ops._kernels._grid import grid_radius_candidates
-
-    pts, q = grid_cloud(200, 3), grid_cloud(50, 4)
-    whole = grid_radius_candidates(pts, q, 0.5**2)
-    parts = grid_radius_candidates(pts, q, 0.5**2, chunk_pairs=97)
-    assert len(whole) == 1 and len(parts) > 3
-
-    def pairs(chunks):
-        return sorted(zip(torch.cat([c[0] for c in chunks]).tolist(), torch.cat([c[1] for c in chunks]).tolist()))
-
-    assert pairs(whole) == pairs(parts)
-
-
 @settings(max_examples=25, deadline=None)
 @given(
     n=st.integers(1, 60),
@@ -170,24 +130,6 @@ def test_property_matches_brute_force(n, m, seed, radius, k, dim, shuffled_ids):
         assert ball_query(pts, None, radius, k, backend=backend, ids=ids).index.tolist() == expected_self, backend
         if m:
             assert knn(pts, q, k, backend=backend, ids=ids).index.tolist() == expected_knn, backend
-
-
-@settings(max_examples=15, deadline=None)
-@given(
-    n=st.integers(1, 80),
-    m=st.integers(1, 30),
-    seed=st.integers(0, 10_000),
-    dim=st.sampled_from([2, 3]),
-)
-def test_points_within_matches_brute_force(n, m, seed, dim):
-    pts, q = grid_cloud(n, seed, dim=dim, span=6), grid_cloud(m, seed + 1, dim=dim, span=6)
-    g = torch.Generator().manual_seed(seed)
-    r2 = (torch.randint(0, 5, (m,), generator=g).double() * 0.25) ** 2  # radii on the lattice: exact ties
-    d2 = ((q[:, None, :].double() - pts[None, :, :].double()) ** 2).sum(-1)
-    want = (d2 <= r2[:, None]).any(0)
-    for backend in OWN_BACKENDS:
-        assert torch.equal(points_within(pts, q, r2, backend=backend), want), backend
-        assert torch.equal(points_within(pts, q, 0.5**2, backend=backend), (d2 <= 0.25).any(0)), backend
 
 
 def test_numba_high_dimension_falls_back_exactly():
@@ -223,13 +165,6 @@ def test_bad_ids(ids, error, match):
         knn(torch.zeros(4, 3), None, 2, ids=ids)
 
 
-def test_radius_pairs_per_query_radii():
-    pts = torch.tensor([[0.0], [1.0], [2.0]])
-    q = torch.tensor([[0.0], [2.0]])
-    qi, pj, d2 = radius_pairs(pts, q, torch.tensor([1.0, 0.0], dtype=torch.float64), backend="grid")
-    assert sorted(zip(qi.tolist(), pj.tolist())) == [(0, 0), (0, 1), (1, 2)]
-
-
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -238,7 +173,7 @@ def test_radius_pairs_per_query_radii():
         ({"radius": 0.0}, ValueError, r"radius must be positive"),
         ({"radius": "1"}, TypeError, r"radius must be a real number \(got str\)"),
         ({"max_neighbors": 0}, ValueError, r"max_neighbors must be at least 1 \(got 0\)"),
-        ({"max_neighbors": 2.0}, TypeError, r"max_neighbors must be an int \(got float\)"),
+        ({"max_neighbors": 2.0}, TypeError, r"max_neighbors must be an integer \(got float\)"),
         ({"queries": torch.zeros(3, 2)}, ValueError, r"same dimension D \(got 3 and 2\)"),
         ({"queries": torch.zeros(3, dtype=torch.long)}, TypeError, r"queries must hold floating-point"),
         ({"points": torch.zeros(4)}, ValueError, r"points must have shape \(N, D\) \(got \(4,\)\)"),

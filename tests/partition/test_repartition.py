@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import meshshard as ms
 from meshshard.partition import partition
-from meshshard.partition._repartition import GATHER_LIMIT, _repartition
+from meshshard.partition._repartition import GATHER_LIMIT, repartition_with_payload
 from meshshard.testing import run_distributed
 
 METHODS = ("rcb", "rcb-longest", "morton", "hilbert")
@@ -186,7 +186,7 @@ def _more_parts(num_parts: int) -> list[bool]:
         payload = (torch.arange(sizes[rank]) + lo).view(torch.uint8).reshape(-1, 8) if sizes[rank] else None
         if payload is None:
             payload = torch.zeros((0, 8), dtype=torch.uint8)
-        points, ids, moved, part_sizes = _repartition(x, method, num_parts=num_parts, payload=payload)
+        points, ids, moved, part_sizes = repartition_with_payload(x, method, num_parts=num_parts, payload=payload)
         rank_of = [p * world // num_parts for p in range(num_parts)]
         blocks = [sum(int(ref.sizes[p]) for p in range(num_parts) if rank_of[p] == r) for r in range(world)]
         ok.append(

@@ -82,10 +82,11 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ... import comm
+from ..._sizes import offsets_of
 from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
-from .._spec import ShardSpec, offsets_of
+from .._spec import ShardSpec
 from .._tensor import ReplicatedTensor, ShardTensor
 from ._common import plain_along_shard, refuse, replicated, wrap
 

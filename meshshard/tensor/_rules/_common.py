@@ -10,7 +10,7 @@ import torch
 from ...errors import ShardingError, UnsupportedOpError
 from .._dispatch import no_subclass, op_name
 from .._spec import ShardSpec
-from .._tensor import ReplicatedTensor, ShardTensor, _wrap
+from .._tensor import ReplicatedTensor, ShardTensor, wrap_shard
 
 __all__ = [
     "iter_tensors", "shard_args", "common_spec", "ndim", "local_shape", "wrap", "replicated", "norm_dims",
@@ -56,6 +56,7 @@ def local_shape(t: torch.Tensor) -> torch.Size:
 
 
 def local_of(t: Any) -> Any:
+    """A ShardTensor's local shard; any other value unchanged."""
     return t.to_local() if isinstance(t, ShardTensor) else t
 
 
@@ -70,7 +71,7 @@ def wrap(out: Any, spec: ShardSpec, dim: int | None) -> Any:
         if out.shape[d] != spec.sizes[spec.rank]:  # a rule's bug: never hand out a spec that lies
             raise ShardingError(f"[rank {spec.rank}] internal: a result of local shape {tuple(out.shape)} cannot be "
                                 f"sharded on dim {d} with sizes {spec.sizes}")
-        return _wrap(out, spec.moved(d, out.shape))
+        return wrap_shard(out, spec.moved(d, out.shape))
     if hasattr(out, "n_fields"):
         return type(out)(tuple(wrap(o, spec, dim) for o in out))
     if isinstance(out, (list, tuple)):

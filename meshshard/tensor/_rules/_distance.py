@@ -33,9 +33,9 @@ from ... import comm
 from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
-from .._tensor import ShardTensor
+from .._tensor import ReplicatedTensor, ShardTensor
 from ._common import common_spec, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, wrap
-from ._reduce import _linalg_vector_norm, _SafeRoot
+from ._reduce import SafeRoot, linalg_vector_norm_rule
 
 
 @register(torch.cdist)
@@ -91,7 +91,7 @@ def _linalg_norm(func, args, kwargs):
         raise refuse(func, f"ord={ord_!r} over the sharded dim")
     if isinstance(ord_, (int, float)) and 0 < ord_ < 1:  # the subgradient at zero would be inf * 0 here
         raise refuse(func, f"ord={ord_} (between 0 and 1) over the sharded dim")
-    return _linalg_vector_norm(torch.linalg.vector_norm, (x, ord_, dims, a["keepdim"]), {"dtype": a["dtype"]})
+    return linalg_vector_norm_rule(torch.linalg.vector_norm, (x, ord_, dims, a["keepdim"]), {"dtype": a["dtype"]})
 
 
 @register(F.normalize)
@@ -108,7 +108,7 @@ def _normalize(func, args, kwargs):
             out = F.normalize(x.to_local(), a["p"], d, a["eps"])
         return wrap(out, x._spec, x._spec.dim)
     denom = torch.linalg.vector_norm(x, a["p"], d, True)  # replicated, size 1 along the sharded dim
-    denom = denom.to_plain() if hasattr(denom, "to_plain") else denom
+    denom = denom.to_plain() if isinstance(denom, ReplicatedTensor) else denom
     with no_subclass():
         out = x.to_local() / denom.clamp_min(a["eps"]).expand_as(x.to_local())
     return wrap(out, x._spec, d)
@@ -140,7 +140,7 @@ def _cosine_similarity(func, args, kwargs):
             raise RuntimeError(f"{op_name(func)}: expected floating-point inputs (got {l1.dtype})")
         parts = torch.stack([(l1 * l2).sum(d), (l1 * l1).sum(d), (l2 * l2).sum(d)])
         both = comm.all_reduce(parts, spec.group)
-        dot, n1, n2 = both[0], _SafeRoot.apply(both[1], 2.0), _SafeRoot.apply(both[2], 2.0)
+        dot, n1, n2 = both[0], SafeRoot.apply(both[1], 2.0), SafeRoot.apply(both[2], 2.0)
         eps = a["eps"]
         out = dot / (n1.clamp_min(eps) * n2.clamp_min(eps))
     return replicated(out, spec)

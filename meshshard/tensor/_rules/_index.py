@@ -26,7 +26,7 @@ from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
-from .._tensor import ShardTensor, _wrap
+from .._tensor import ShardTensor, wrap_shard
 from ._common import common_spec, plain_along_shard, refuse, replicated, wrap
 
 T = torch.Tensor
@@ -60,7 +60,7 @@ def global_range(x: ShardTensor, start: int, stop: int, step: int) -> ShardTenso
             spec.dim, first, (n - 1) * step + 1)[(slice(None),) * spec.dim + (slice(None, None, step),)]
     shape = list(spec.global_shape)
     shape[spec.dim] = sum(sizes)
-    return _wrap(piece, spec.resized(spec.dim, sizes, shape))
+    return wrap_shard(piece, spec.resized(spec.dim, sizes, shape))
 
 
 def select_row(func, x: ShardTensor, index: int) -> torch.Tensor:
@@ -136,7 +136,7 @@ def _take(func, x: ShardTensor, idx: torch.Tensor):
         d = spec.dim + idx._spec.dim
         shape = list(spec.global_shape[: spec.dim]) + list(idx._spec.global_shape) + list(
             spec.global_shape[spec.dim + 1 :])
-        return _wrap(out, idx._spec.resized(d, idx._spec.sizes, shape))
+        return wrap_shard(out, idx._spec.resized(d, idx._spec.sizes, shape))
     return replicated(fetch_rows(x, idx, op_name(func)), spec)
 
 
@@ -231,7 +231,7 @@ def _getitem(func, args, kwargs):
         shape[spec.dim] = sum(sizes)
         with no_subclass():
             out = x.to_local()[(slice(None),) * spec.dim + (local_mask.to(x.device),)]
-        y = _wrap(out, spec.resized(spec.dim, sizes, shape))
+        y = wrap_shard(out, spec.resized(spec.dim, sizes, shape))
         items[k] = slice(None)
         return _getitem(func, (y, tuple(items)), {})
     if others:
@@ -270,7 +270,7 @@ def _mask_select(func, x: ShardTensor, mask: ShardTensor):
         out = x.to_local()[mask.to_local()]
     counts = comm.all_gather(torch.tensor([out.shape[0]], dtype=torch.long), spec.group).reshape(-1).tolist()
     shape = [sum(counts), *xshape[len(mshape) :]]
-    return _wrap(out, spec.resized(0, counts, shape))
+    return wrap_shard(out, spec.resized(0, counts, shape))
 
 
 @register(torch.masked_select, T.masked_select)
@@ -381,7 +381,7 @@ def _gather(func, args, kwargs):
         lin = lin * size
     lin = lin.reshape(1, -1).expand(local_idx.shape[0], -1).reshape(-1, 1).to(rows.device)
     out = rows.gather(1, lin).reshape(local_idx.shape).movedim(0, spec.dim)
-    return _wrap(out, idx._spec)
+    return wrap_shard(out, idx._spec)
 
 
 # -- flip / roll ------------------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def _my_rows(spec: ShardSpec) -> torch.Tensor:
 def _refetch(x: ShardTensor, source: torch.Tensor, what: str) -> ShardTensor:
     """This rank's new rows are the global rows ``source`` of ``x``; same sharding as ``x``."""
     out = fetch_rows(x, source, what)
-    return _wrap(out, x._spec)
+    return wrap_shard(out, x._spec)
 
 
 @register(torch.flip, T.flip, torch.fliplr, T.fliplr, torch.flipud, T.flipud)
@@ -462,12 +462,12 @@ def _nonzero(func, args, kwargs):
     if a["as_tuple"]:
         return nonzero_tuple(func, a["input"])
     idx, counts, spec = _nonzero_local(func, a["input"])
-    return _wrap(idx, spec.resized(0, counts, [sum(counts), len(spec.global_shape)]))
+    return wrap_shard(idx, spec.resized(0, counts, [sum(counts), len(spec.global_shape)]))
 
 
 def nonzero_tuple(func, x: ShardTensor) -> tuple:
     """``torch.where(cond)`` / ``nonzero(as_tuple=True)``: one global index tensor per dim, sharded."""
     idx, counts, spec = _nonzero_local(func, x)
     new = spec.resized(0, counts, [sum(counts)])
-    return tuple(_wrap(idx[:, i].contiguous(), new) for i in range(max(len(spec.global_shape), 1)))
+    return tuple(wrap_shard(idx[:, i].contiguous(), new) for i in range(max(len(spec.global_shape), 1)))
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ...errors import ShardingError, UnsupportedOpError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
-from .._tensor import ShardTensor, _wrap
+from .._tensor import ShardTensor, wrap_shard
 from ._common import common_spec, ndim, plain_along_shard, refuse, shard_args, wrap
 
 T = torch.Tensor
@@ -70,7 +70,7 @@ def _same_spec_attr(func, args, kwargs):
         out = func(self)
     if out is None:
         return None
-    return _wrap(out, self._spec) if not isinstance(out, ShardTensor) else out
+    return wrap_shard(out, self._spec) if not isinstance(out, ShardTensor) else out
 
 
 @register(T.requires_grad_, T.detach_, T.share_memory_)
@@ -133,7 +133,7 @@ def _collect_pointwise() -> list:
     return [f for f in out if f is not None]
 
 
-def _pointwise(func, args, kwargs):
+def pointwise_rule(func, args, kwargs):
     if kwargs.get("out") is not None:
         raise refuse(func, "out= is not supported", "write the result to a new tensor")
     if func is torch.where and len(args) + len(kwargs) == 1:
@@ -172,7 +172,7 @@ def _pointwise(func, args, kwargs):
     return wrap(out, spec, -back)
 
 
-register(*_collect_pointwise())(_pointwise)
+register(*_collect_pointwise())(pointwise_rule)
 
 
 # -- same-shape results: conversions, copies, *_like ----------------------------------------------
@@ -196,7 +196,7 @@ def _same_shape(func, args, kwargs):
         with no_subclass():
             return func(*args, **kwargs)
     if func is T.copy_:
-        return _pointwise(func, args, kwargs)
+        return pointwise_rule(func, args, kwargs)
     x = args[0]
     others = [a for a in (*args[1:], *kwargs.values()) if isinstance(a, ShardTensor)]
     if others and func in (T.to, T.type_as):  # x.to(y) / x.type_as(y): y only lends dtype and device

@@ -68,7 +68,7 @@ def _first_sharded(func, x) -> ShardTensor:
     return x
 
 
-class _SafeRoot(torch.autograd.Function):
+class SafeRoot(torch.autograd.Function):
     """``s ** (1 / p)`` whose gradient at ``s == 0`` is 0, as torch's norms define it (not ``inf * 0``)."""
 
     @staticmethod
@@ -179,7 +179,7 @@ def _vector_norm(x: ShardTensor, p, dims, keepdim: bool, dtype, func):
         raise refuse(func, f"p={p} over the sharded dimension is not supported")
     mag = local.abs()
     s = comm.all_reduce((mag * mag if p == 2 else mag.pow(p)).sum(dim=dims, keepdim=keepdim), spec.group)
-    return replicated(s if p == 1 else _SafeRoot.apply(s, p), spec)
+    return replicated(s if p == 1 else SafeRoot.apply(s, p), spec)
 
 
 @register(torch.norm, T.norm)
@@ -195,7 +195,7 @@ def _norm(func, args, kwargs):
 
 
 @register(torch.linalg.vector_norm)
-def _linalg_vector_norm(func, args, kwargs):
+def linalg_vector_norm_rule(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "ord", "dim", "keepdim"), {"ord": 2, "keepdim": False}, kwonly=("dtype",))
     x = _first_sharded(func, a["input"])
     dims, keepdim = norm_dims(a["dim"], ndim(x), func), bool(a["keepdim"])
@@ -324,10 +324,10 @@ def _max(func, args, kwargs):
     largest = func in (torch.max, T.max)
     second = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("dim", kwargs.get("axis")))
     if isinstance(second, torch.Tensor):  # binary max/min: pointwise
-        from ._local import _pointwise
+        from ._local import pointwise_rule
 
         a = bind(func, args, kwargs, ("input", "other"))
-        return _pointwise(torch.maximum if largest else torch.minimum, (a["input"], a["other"]), {})
+        return pointwise_rule(torch.maximum if largest else torch.minimum, (a["input"], a["other"]), {})
     if second is None:
         a = bind(func, args, kwargs, ("input",))
         x = _first_sharded(func, a["input"])

@@ -16,7 +16,7 @@ import torch
 from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
-from .._tensor import ShardTensor, _wrap
+from .._tensor import ShardTensor, wrap_shard
 from ._common import common_spec, local_shape, ndim, plain_along_shard, refuse, shard_args, wrap
 from ._index import global_range, select_row
 
@@ -162,7 +162,7 @@ def _reshape_to(func, x: ShardTensor, target: list[int]):
     with no_subclass():
         out = x.to_local().view(local_target) if func in (T.view, T.view_as) else x.to_local().reshape(local_target)
     new_shape = list(target)
-    return _wrap(out, spec.resized(i, sizes, new_shape))
+    return wrap_shard(out, spec.resized(i, sizes, new_shape))
 
 
 def _prefix_of(dims: list[int], k: int) -> bool:

@@ -1,0 +1,29 @@
+"""Offsets from uneven sizes: the single source every layer derives them from.
+
+Partitioners return per-part sizes; a ``ShardSpec`` carries per-rank sizes. Everything else (a
+``Partition``'s offsets, a shard's global row range, a graph split by target) derives its offsets
+here. This module imports nothing from meshshard, so the lowest layer can use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["offsets_of", "offsets_tensor"]
+
+
+def offsets_of(sizes: Sequence[int]) -> tuple[int, ...]:
+    """``(0, s0, s0+s1, ..., sum(sizes))`` for a sequence of sizes."""
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + int(s))
+    return tuple(out)
+
+
+def offsets_tensor(sizes: torch.Tensor) -> torch.Tensor:
+    """``offsets_of`` for a 1-D integer tensor: a ``(P + 1,)`` int64 tensor on the same device."""
+    offsets = torch.zeros(sizes.numel() + 1, dtype=torch.long, device=sizes.device)
+    torch.cumsum(sizes.to(torch.long), 0, out=offsets[1:])
+    return offsets

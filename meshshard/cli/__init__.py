@@ -1,0 +1,115 @@
+"""The ``meshshard`` command: ``demo``, ``partition``, ``preprocess``, ``train``, ``evaluate``, ``plan``.
+
+One module per subcommand (``meshshard/cli/<command>.py``, each with ``register`` and ``run``); they
+parse, call the library (:mod:`meshshard.training`, :mod:`meshshard.planning`,
+:mod:`meshshard.partition`, :mod:`meshshard.datasets`, :mod:`meshshard.io`) and print.
+
+User mistakes end with a one-line message on stderr and exit code 2, never a traceback; a command
+that started and failed (a crashed training, runs that could not be processed) exits with 1.
+
+Only the standard library is imported to build the parser, so ``meshshard --help`` and every
+``meshshard COMMAND --help`` answer without importing torch, VTK or numpy; each command imports
+what it needs when it runs.
+
+Exit of a ``torchrun`` rank: after the command returned (or raised, once the traceback is printed and
+the failure reported to the other ranks), a rank leaves with ``os._exit`` instead of a normal
+interpreter shutdown. A 2-rank ``train`` on a heavily loaded machine died at exit with SIGABRT,
+"terminate called without an active exception": ``std::terminate`` with no C++ exception, which at
+exit means a native thread was unwound through a ``noexcept`` frame (a thread that takes the GIL
+while the interpreter finalizes is ended with ``pthread_exit``) or a joinable ``std::thread`` was
+destroyed by static destructors. The gloo backend's threads are such native threads, and they
+outlive ``destroy_process_group`` (checked: its two worker threads and its TCP loop thread are
+still running at ``atexit`` time, as references to the group remain); each worker keeps its last
+collective (``workInProgress_``), with tensors that have Python objects, until it is scheduled
+again, which a starved CPU delays into the finalization window.
+A rank has nothing left to do at that point (its files are written and closed, stdout and stderr
+are flushed), so it skips finalization and static destructors altogether, and the race with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from ..errors import RunFailed, UsageError
+from . import demo, evaluate, partition, plan, preprocess, train
+from ._launch import under_torchrun
+
+__all__ = ["main", "build_parser", "console_main", "UsageError", "RunFailed"]
+
+#: The subcommands, in the order ``meshshard --help`` lists them.
+COMMANDS = (demo, partition, preprocess, train, evaluate, plan)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``meshshard`` argument parser (standard library only: building it imports nothing heavy)."""
+    parser = argparse.ArgumentParser(
+        prog="meshshard",
+        description="Domain parallelism for point clouds and meshes: partition, preprocess, train, plan.",
+        epilog="Run 'meshshard COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"meshshard {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; return its exit code.
+
+    A user mistake prints one line on stderr and raises ``SystemExit(2)`` (as argparse does); a
+    command that fails after starting prints one line and raises ``SystemExit(1)``.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else None
+    try:
+        code = int(args.func(args) or 0)
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr, flush=True)
+            raise SystemExit(getattr(exc, "exit_code", 2)) from None
+        raise
+    # A rank that raised keeps its process group: the excepthook still reports it to the others.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    return code
+
+
+def console_main() -> NoReturn:
+    """Entry point of the ``meshshard`` script and of ``python -m meshshard.cli`` (see the module docstring)."""
+    rank = under_torchrun()
+    try:
+        code: Any = main()
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException:
+        if not rank:
+            raise
+        sys.excepthook(*sys.exc_info())  # prints the traceback; meshshard's hook also tells the other ranks
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    if rank:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+    sys.exit(code)
