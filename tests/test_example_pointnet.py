@@ -7,21 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests._torchrun import run_script
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    from meshshard.datasets import make_synthetic_drivaerml, preprocess
-
-    root = tmp_path_factory.mktemp("pointnet")
-    make_synthetic_drivaerml(root / "raw", 3, surface_cells=1200, volume_cells=0, seed=3)
-    report = preprocess(root / "raw", root / "store", parts=(1, 2, 3), workers=1, splits=(0.6, 0.2, 0.2),
-                        progress=False)
-    assert report.ok
-    return root / "store"
 
 
 def _run(store: Path, nproc: int) -> tuple[list[float], float]:
@@ -36,10 +22,10 @@ def _run(store: Path, nproc: int) -> tuple[list[float], float]:
     return losses, checksum
 
 
-def test_pointnet_example_trains_like_one_process(store):
-    ref, ref_sum = _run(store, 1)
+def test_pointnet_example_trains_like_one_process(train_store):
+    ref, ref_sum = _run(train_store, 1)
     assert ref[-1] < ref[0]
     for nproc in (2, 3):
-        losses, checksum = _run(store, nproc)
+        losses, checksum = _run(train_store, nproc)
         assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, ref)), (nproc, losses, ref)
         assert abs(checksum - ref_sum) <= 1e-5 * abs(ref_sum)

@@ -9,16 +9,10 @@ from pathlib import Path
 from tests._torchrun import run_script
 
 
-def test_example_training_script_runs_under_torchrun(tmp_path):
-    from meshshard.datasets import make_synthetic_drivaerml, preprocess
-
-    make_synthetic_drivaerml(tmp_path / "raw", 3, surface_cells=1200, volume_cells=0, seed=3)
-    report = preprocess(tmp_path / "raw", tmp_path / "store", parts=(2,), workers=1, splits=(0.6, 0.2, 0.2),
-                        progress=False)
-    assert report.ok
+def test_example_training_script_runs_under_torchrun(train_store):
     script = Path(__file__).resolve().parents[1] / "examples" / "train_transolver_drivaerml.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-           str(tmp_path / "store"), "--steps", "2"]
+           str(train_store), "--steps", "2"]
     res, first = run_script(cmd, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, first + res.stderr[-3000:]
     assert "step    1  loss" in res.stdout and "points on rank 0" in res.stdout

@@ -9,9 +9,9 @@ import pytest
 from meshshard.cli import main
 
 
-def test_evaluate_prints_errors_and_drag(store, trajectories, tmp_path, capsys):
+def test_evaluate_prints_errors_and_drag(train_store, trajectories, tmp_path, capsys):
     out_json = tmp_path / "eval.json"
-    assert main(["evaluate", str(store), str(trajectories[1] / "checkpoint.pt"), "--json", str(out_json)]) == 0
+    assert main(["evaluate", str(train_store), str(trajectories[1] / "checkpoint.pt"), "--json", str(out_json)]) == 0
     printed = capsys.readouterr().out
     assert "relL2 p" in printed and "Cd pred" in printed
     res = json.loads(out_json.read_text())

@@ -34,13 +34,13 @@ def test_torchrun_1_2_3_ranks_follow_the_same_loss_trajectory(trajectories):
     assert summary["world"] == 3 and len(summary["per_rank"]) == 3
 
 
-def test_killed_run_resumes_without_lost_or_repeated_steps(store, trajectories, tmp_path):
+def test_killed_run_resumes_without_lost_or_repeated_steps(train_store, trajectories, tmp_path):
     out = tmp_path / "killed"
-    crashed = train(store, out, 2, env=crash_env(5))
+    crashed = train(train_store, out, 2, env=crash_env(5))
     assert crashed.returncode != 0
     ckpt_steps = [e["step"] for e in log(out)]
     assert ckpt_steps[-1] == 5  # step 5 was logged, then the process died before its checkpoint
-    resumed = train(store, out, 2, "--resume")
+    resumed = train(train_store, out, 2, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     entries = log(out)
     assert [e["step"] for e in entries] == list(range(1, STEPS + 1))
@@ -48,17 +48,17 @@ def test_killed_run_resumes_without_lost_or_repeated_steps(store, trajectories, 
     assert [e["loss"] for e in entries] == pytest.approx(reference, rel=1e-6)
 
 
-def test_transolver_plus_trains_alike_on_1_and_2_ranks_and_resumes_exactly(store, tmp_path):
+def test_transolver_plus_trains_alike_on_1_and_2_ranks_and_resumes_exactly(train_store, tmp_path):
     """Gumbel noise keyed by global point id and step: ranks and a resume draw the serial run's noise."""
     runs = {}
     for nproc in (1, 2):
-        res = train(store, tmp_path / f"pp{nproc}", nproc, "--model", "transolver++")
+        res = train(train_store, tmp_path / f"pp{nproc}", nproc, "--model", "transolver++")
         assert res.returncode == 0, res.stderr[-3000:]
         runs[nproc] = [e["loss"] for e in log(tmp_path / f"pp{nproc}")]
     assert len(runs[1]) == STEPS and runs[2] == pytest.approx(runs[1], rel=2e-4)
     out = tmp_path / "pp_killed"
-    assert train(store, out, 2, "--model", "transolver++", env=crash_env(3)).returncode != 0
-    resumed = train(store, out, 2, "--model", "transolver++", "--resume")
+    assert train(train_store, out, 2, "--model", "transolver++", env=crash_env(3)).returncode != 0
+    resumed = train(train_store, out, 2, "--model", "transolver++", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [e["loss"] for e in log(out)] == pytest.approx(runs[2], rel=1e-6)
 
@@ -89,21 +89,10 @@ def test_zero_steps_is_a_usage_error(capsys):
 MGN_STEPS = 4
 
 
-@pytest.fixture(scope="module")
-def mgn_store(tmp_path_factory) -> Path:
-    from meshshard.datasets import make_synthetic_drivaerml, preprocess
-
-    root = tmp_path_factory.mktemp("mgn")
-    make_synthetic_drivaerml(root / "raw", 3, surface_cells=1200, volume_cells=0, seed=3)
-    report = preprocess(root / "raw", root / "store", parts=(1, 2), workers=1, splits=(0.6, 0.2, 0.2), progress=False)
-    assert report.ok
-    return root / "store"
-
-
 def _train_mgn(
-    mgn_store: Path, out: Path, nproc: int, *extra: str, env: dict | None = None
+    store: Path, out: Path, nproc: int, *extra: str, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "meshshard.cli", "train", str(mgn_store), "--out", str(out), "--nproc", str(nproc),
+    cmd = [sys.executable, "-m", "meshshard.cli", "train", str(store), "--out", str(out), "--nproc", str(nproc),
            "--model", "meshgraphnet", "--steps", str(MGN_STEPS), "--checkpoint-every", "2", "--n-hidden", "16",
            "--n-layers", "3", "--knn", "5", *extra]
     run_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -115,10 +104,10 @@ def _losses(out: Path) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def mgn_runs(mgn_store, tmp_path_factory):
+def mgn_runs(train_store, tmp_path_factory):
     root = tmp_path_factory.mktemp("mgn_runs")
     for nproc in (1, 2):
-        res = _train_mgn(mgn_store, root / f"p{nproc}", nproc)
+        res = _train_mgn(train_store, root / f"p{nproc}", nproc)
         assert res.returncode == 0, res.stderr[-3000:]
     return root
 
@@ -131,15 +120,15 @@ def test_meshgraphnet_1_and_2_ranks_follow_the_same_loss_trajectory(mgn_runs):
     assert ckpt_cfg["world"] == 2
 
 
-def test_meshgraphnet_resume_and_evaluate(mgn_store, mgn_runs, tmp_path, capsys):
+def test_meshgraphnet_resume_and_evaluate(train_store, mgn_runs, tmp_path, capsys):
     out = tmp_path / "killed"
-    crashed = _train_mgn(mgn_store, out, 2, env=crash_env(3))
+    crashed = _train_mgn(train_store, out, 2, env=crash_env(3))
     assert crashed.returncode != 0
-    resumed = _train_mgn(mgn_store, out, 2, "--resume")
+    resumed = _train_mgn(train_store, out, 2, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _losses(out) == pytest.approx(_losses(mgn_runs / "p2"), rel=1e-6)
     out_json = tmp_path / "eval.json"
-    assert main(["evaluate", str(mgn_store), str(mgn_runs / "p1" / "checkpoint.pt"), "--json", str(out_json)]) == 0
+    assert main(["evaluate", str(train_store), str(mgn_runs / "p1" / "checkpoint.pt"), "--json", str(out_json)]) == 0
     assert "relL2 p" in capsys.readouterr().out
     res = json.loads(out_json.read_text())
     assert res["runs"] and all(r["rel_l2"]["pMeanTrim"] > 0 for r in res["runs"])
