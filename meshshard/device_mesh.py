@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from . import comm
+
 __all__ = ["init_mesh", "mesh_device_type", "DEFAULT_TIMEOUT_S"]
 
 #: Process-group timeout used by :func:`init_mesh` when it creates the process group
@@ -23,9 +25,7 @@ DEFAULT_TIMEOUT_S = 300.0
 
 def mesh_device_type() -> str:
     """``"cuda"`` when the default process group runs NCCL, else ``"cpu"``."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return "cuda"
-    return "cpu"
+    return comm.group_device().type
 
 
 def init_mesh(

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ._atomic import atomic_write
 from ._checks import check_positive_int
-from .comm import all_gather_object, all_reduce, barrier
+from .comm import all_gather_object, all_reduce, barrier, group_rank_and_size
 from .datasets.synthetic import RHO, U_INF, integrate_forces
 from .device_mesh import init_mesh
 from .errors import UsageError
@@ -309,9 +309,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if bar is not None:
         bar.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rank, world = group_rank_and_size() or (0, 1)
     summary = {
-        "rank": dist.get_rank() if dist.is_initialized() else 0,
-        "world": dist.get_world_size() if dist.is_initialized() else 1,
+        "rank": rank,
+        "world": world,
         "points_last_step": int(n_points),
         "peak_rss_mb": peak_mb,
         "seconds": time.perf_counter() - t0,
