@@ -160,7 +160,9 @@ def test_layers_match_single_process(world_size):
                     extra = 2 if kind == "gcn_weighted" else 0  # one weighted-degree exchange per GCN call
                     # forward + backward per exchange (the pointnet pos too, fused with x)
                     assert res["counts"].get("all_to_all", 0) == 2 * exchanges + extra, (msg, res["counts"])
-                    assert set(res["counts"]) == {"all_to_all"}, msg
+                    # plus the one agreement on which plain inputs are node / edge tensors
+                    assert res["counts"].get("all_reduce", 0) == 1, (msg, res["counts"])
+                    assert set(res["counts"]) == {"all_to_all", "all_reduce"}, msg
 
 
 def test_layers_match_single_process_with_hops_too_small():
