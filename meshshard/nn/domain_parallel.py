@@ -141,6 +141,7 @@ class DomainParallel(torch.nn.Module):
         self._handles.clear()
         for layer in _top_message_passing(self.model):
             layer._meshshard_wrapped = False
+            layer.__dict__.pop("_meshshard_gather", None)
 
     @property
     def _sharded(self) -> bool:
@@ -324,8 +325,8 @@ class DomainParallel(torch.nn.Module):
                     new = _plain(v)
                 elif isinstance(v, torch.Tensor) and v.dim() >= 1 and not isinstance(v, ReplicatedTensor):
                     raise UnsupportedOpError(
-                        f"DomainParallel: {where} is a plain tensor of shape {tuple(v.shape)}; DomainParallel "
-                        "cannot tell whose rows it holds. Pass node tensors (ShardTensors, or N_local rows) and "
+                        f"DomainParallel: {where} is a plain {v.dim()}-d tensor; DomainParallel cannot tell "
+                        "whose rows it holds. Pass node tensors (ShardTensors, or N_local rows) and "
                         "per-edge tensors (E_local rows) through the wrapper's inputs, or compute them inside "
                         "the layer"
                     )

@@ -365,7 +365,8 @@ class ZooNet(torch.nn.Module):
     ``between``/``after``: ``"bn_pool"`` BatchNorm1d, then ``global_mean_pool(h, batch)``;
     ``"ln"`` PyG LayerNorm(mode="node"), then ``h - h.mean(0)``, LayerNorm(mode="graph") and
     ``global_mean_pool(h)``; ``"ln_graph_batch"`` PyG LayerNorm(mode="graph") per graph of ``batch``;
-    ``"edges_outside"`` a message ``h[edge_index[0]]`` computed outside any layer; ``"unused"`` no layer run.
+    ``"edges_outside"`` a message ``h[edge_index[0]]`` computed outside any layer; ``"unused"`` no layer run;
+    ``"edge_bn"`` BatchNorm1d over the edges; ``"plain_to_layer"`` the input's local shard handed to a layer.
     """
 
     def __init__(self, kind: str, variant: str) -> None:
@@ -374,6 +375,7 @@ class ZooNet(torch.nn.Module):
         self.conv1, self.conv2 = _zoo_conv(kind, C, 6), _zoo_conv(kind, 6, 4)
         self.bn = torch.nn.BatchNorm1d(6)
         self.ln_node, self.ln_graph, self.ln_out = LayerNorm(6, mode="node"), LayerNorm(6, mode="graph"), LayerNorm(4)
+        self.edge_bn = torch.nn.BatchNorm1d(4)
 
     def _call(self, conv, h, pos, edge_index, edge_attr):
         if self.kind in ("dynamic", "feature_knn"):
@@ -387,6 +389,10 @@ class ZooNet(torch.nn.Module):
     def forward(self, x, pos, batch, edge_index, edge_attr):
         if self.variant == "unused":
             return x * 2, x.sum(0)
+        if self.variant == "edge_bn":
+            edge_attr = self.edge_bn(edge_attr)
+        if self.variant == "plain_to_layer":
+            x = x.to_local()
         h = self._call(self.conv1, x, pos, edge_index, edge_attr)
         if self.variant == "bn_pool":
             h = self.bn(h)
@@ -418,12 +424,6 @@ class IndexAddMeshGraphNet(torch.nn.Module):
 
 
 _ZOO_KINDS = ["gcn", "gat", "sage", "gine", "edge", "pointnet", "feature_knn"]
-try:  # DynamicEdgeConv needs torch-cluster's knn
-    import torch_cluster  # noqa: F401
-
-    _ZOO_KINDS.append("dynamic")
-except ImportError:
-    pass
 
 #: Every case: (kind, variant, hops) -> None (exact) or (error type, message fragment), at every world size.
 ZOO = {
@@ -433,6 +433,8 @@ ZOO = {
     ("gcn", "ln_graph_batch", 1): ("UnsupportedOpError", "index_select on a ShardTensor: indexing a plain tensor"),
     ("gcn", "edges_outside", 1): ("UnsupportedOpError", "__getitem__ on a graph.edge_index is not a row-wise op"),
     ("gcn", "unused", 1): ("RuntimeError", "ran none of its MessagePassing layers"),
+    ("gine", "edge_bn", 1): ("UnsupportedOpError", "batch_norm on a per-edge tensor is not a row-wise op"),
+    ("gcn", "plain_to_layer", 1): ("UnsupportedOpError", "GCNConv's argument 'x' is a plain 2-d tensor"),
     ("gcn", "bn_pool", 2): ("UnsupportedOpError", "batch_norm on a node tensor with ghost rows (hops > 1)"),
     ("feature_knn", "ln", 2): ("UnsupportedOpError", "FeatureKNNConv takes no edge_index"),
     ("index_add_mgn", "none", 1): ("TypeError", "IndexAddMeshGraphNet has none"),
@@ -522,13 +524,10 @@ def _zoo_sharded(cases):
     return lo, hi, out
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_model_zoo_exact_or_refused_on_every_rank(world_size):
-    cases = list(ZOO)
-    results = run_distributed(_zoo_sharded, world_size, cases)
-    refs = {case: _zoo_reference(case[0], case[1]) for case, expected in ZOO.items() if expected is None}
-    for case, expected in ZOO.items():
+def _check_zoo(world_size, zoo):
+    results = run_distributed(_zoo_sharded, world_size, list(zoo))
+    refs = {case: _zoo_reference(case[0], case[1]) for case, expected in zoo.items() if expected is None}
+    for case, expected in zoo.items():
         per_rank = [res[case] for _, _, res in results]
         if expected is not None:
             kind, fragment = expected
@@ -551,3 +550,17 @@ def test_model_zoo_exact_or_refused_on_every_rank(world_size):
                 torch.testing.assert_close(res["params"][name], grad, rtol=1e-7, atol=1e-10, msg=f"{msg} {name}")
             for name, buf in ref["buffers"].items():
                 torch.testing.assert_close(res["buffers"][name], buf, rtol=1e-7, atol=1e-10, msg=f"{msg} {name}")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_model_zoo_exact_or_refused_on_every_rank(world_size):
+    _check_zoo(world_size, ZOO)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_dynamic_edge_conv_exact(world_size):
+    """PyG's DynamicEdgeConv (a kNN in feature space, through torch-cluster) runs on all nodes gathered."""
+    pytest.importorskip("torch_cluster")
+    _check_zoo(world_size, {("dynamic", "bn_pool", 1): None, ("dynamic", "ln", 1): None})
