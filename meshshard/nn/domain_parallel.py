@@ -295,6 +295,12 @@ class DomainParallel(torch.nn.Module):
     def _layer_inputs(self, name: str, bound: inspect.BoundArguments, gather: bool) -> None:
         """Replace a wrapped layer's ShardTensor / guard arguments by the plain rows it needs (in place)."""
         g = self.graph
+        edges = bound.arguments.get("edge_index")
+        if not gather and not (isinstance(edges, _RowLocal) and edges._kind == "index"):
+            raise UnsupportedOpError(
+                f"DomainParallel: {name}'s edge_index is not graph.edge_index (got {type(edges).__name__}); "
+                "hand the graph's edge_index to the wrapper and on to the layers unchanged"
+            )
         exchange: list[torch.Tensor] = []
         slots: list[tuple[str, int | None]] = []
         for arg, value in bound.arguments.items():

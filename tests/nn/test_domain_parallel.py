@@ -366,7 +366,8 @@ class ZooNet(torch.nn.Module):
     ``"ln"`` PyG LayerNorm(mode="node"), then ``h - h.mean(0)``, LayerNorm(mode="graph") and
     ``global_mean_pool(h)``; ``"ln_graph_batch"`` PyG LayerNorm(mode="graph") per graph of ``batch``;
     ``"edges_outside"`` a message ``h[edge_index[0]]`` computed outside any layer; ``"unused"`` no layer run;
-    ``"edge_bn"`` BatchNorm1d over the edges; ``"plain_to_layer"`` the input's local shard handed to a layer.
+    ``"edge_bn"`` BatchNorm1d over the edges; ``"plain_to_layer"`` the input's local shard handed to a layer;
+    ``"global_edges"`` (given ``graph.global_edge_index()`` instead of ``graph.edge_index``) as ``"ln"``.
     """
 
     def __init__(self, kind: str, variant: str) -> None:
@@ -434,6 +435,7 @@ ZOO = {
     ("gcn", "edges_outside", 1): ("UnsupportedOpError", "__getitem__ on a graph.edge_index is not a row-wise op"),
     ("gcn", "unused", 1): ("RuntimeError", "ran none of its MessagePassing layers"),
     ("gine", "edge_bn", 1): ("UnsupportedOpError", "batch_norm on a per-edge tensor is not a row-wise op"),
+    ("sage", "global_edges", 1): ("UnsupportedOpError", "SAGEConv's edge_index is not graph.edge_index"),
     ("gcn", "plain_to_layer", 1): ("UnsupportedOpError", "GCNConv's argument 'x' is a plain 2-d tensor"),
     ("gcn", "bn_pool", 2): ("UnsupportedOpError", "batch_norm on a node tensor with ghost rows (hops > 1)"),
     ("feature_knn", "ln", 2): ("UnsupportedOpError", "FeatureKNNConv takes no edge_index"),
@@ -504,7 +506,8 @@ def _zoo_sharded(cases):
             try:
                 rel, d = graph.edge_vectors()
                 batch = graph.wrap(batch_all[lo:hi])  # a ShardTensor (x, pos: plain, classified by the wrapper)
-                h, pooled = _zoo_forward(runner, kind, x, pos, batch, graph.edge_index, torch.cat([rel, d], -1))
+                edge_index = graph.global_edge_index() if variant == "global_edges" else graph.edge_index
+                h, pooled = _zoo_forward(runner, kind, x, pos, batch, edge_index, torch.cat([rel, d], -1))
                 _zoo_loss(h, pooled, graph.wrap(_zoo_weights(hi - lo, lo, h.shape[1]))).backward()
             finally:
                 runner.remove()
