@@ -342,8 +342,7 @@ def _check_same_on_all_ranks(
             f"{dist.get_world_size(group)} ranks"
         )
     local = sizes[rank] if n_local is None else n_local
-    mine = torch.tensor([*sizes, *global_shape, local], dtype=torch.long, device=device)
-    everyone = comm.all_gather(mine, group).cpu()
+    everyone = comm.agree(None, group, payload=[*sizes, *global_shape, local]).payloads
     views = everyone[:, :-1]
     differ = [r for r in range(world) if not torch.equal(views[r], views[rank])]
     if differ:
