@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from meshshard.nn._gumbel import gumbel_noise, keyed_uniform, mix32
+from meshshard._keyed_random import gumbel_noise, keyed_uniform, mix32
 
 
 def _lowbias32(x: int) -> int:
