@@ -472,8 +472,14 @@ def _seed(out: torch.Tensor, grad: torch.Tensor | None, name: str) -> tuple[torc
 def _plain_inputs(inputs):
     """The inputs as autograd sees them: a ShardTensor's own gradient edge (``to_local()`` would be a new alias,
     off the recorded graph), plain tensors as they are."""
-    return [torch.autograd.graph.get_gradient_edge(t) if isinstance(t, (ShardTensor, ReplicatedTensor)) else t
-            for t in inputs]
+    return [_gradient_edge(t) if isinstance(t, (ShardTensor, ReplicatedTensor)) else t for t in inputs]
+
+
+def _gradient_edge(t: torch.Tensor):
+    # Without the subclass: for a leaf, get_gradient_edge finds the AccumulateGrad node through
+    # ``t.view_as(t)``, which through the sharding rules would be a node of a fresh alias, off the graph.
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.autograd.graph.get_gradient_edge(t)
 
 
 def autograd_entry(func, args: tuple, kwargs: dict):
