@@ -36,7 +36,9 @@ import torch.distributed as dist
 from . import faults
 
 __all__ = [
+    "Agreement",
     "CommCounter",
+    "agree",
     "all_reduce",
     "all_reduce_max",
     "all_reduce_min",
@@ -248,6 +250,88 @@ def all_to_all(
     return _AllToAll.apply(tensor, tuple(map(int, send_sizes)), tuple(map(int, recv_sizes)), group)
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """What :func:`agree` found: every rank's verdict and payload, identical on every rank.
+
+    ``errors[i]`` is the message of the ``i``-th rank of the group (``None`` if it found no problem);
+    ``payloads`` is a ``(P, k)`` int64 tensor (CPU) of every rank's ``payload``; ``ranks`` are the
+    global ranks of the group, in group order.
+    """
+
+    errors: tuple[str | None, ...]
+    payloads: torch.Tensor
+    ranks: tuple[int, ...]
+
+    @property
+    def failed(self) -> tuple[int, ...]:
+        """The global ranks that reported a problem."""
+        return tuple(r for r, e in zip(self.ranks, self.errors) if e is not None)
+
+    def first_error(self) -> str | None:
+        """``"[rank r] message"`` of the first rank that reported a problem, or ``None``."""
+        for rank, error in zip(self.ranks, self.errors):
+            if error is not None:
+                return f"[rank {rank}] {error}"
+        return None
+
+    def message(self, what: str = "") -> str:
+        """One line naming every rank that reported a problem and what it said (the same on every rank)."""
+        found = "; ".join(f"rank {r}: {e}" for r, e in zip(self.ranks, self.errors) if e is not None)
+        return f"{what or 'a check failed'} on rank(s) {list(self.failed)}: {found}"
+
+
+def agree(
+    local_error: str | None,
+    group: dist.ProcessGroup | None = None,
+    *,
+    payload: Sequence[int] = (),
+    error_type: type[Exception] | None = None,
+    what: str = "",
+) -> Agreement:
+    """Share every rank's local verdict (and a few integers) so that all ranks decide alike.
+
+    The one home of cross-rank agreement: a check that looks at this rank's own data passes its
+    finding here (``None`` when all is well, else a one-line message) before anyone raises, so a
+    problem found on one rank is raised on **every** rank and no rank is left waiting in a later
+    collective. ``payload`` (the same length on every rank) travels in the same collective, for
+    checks that compare ranks' metadata (sizes, shapes) on top of their own verdicts.
+
+    With ``error_type`` given, raises ``error_type("[rank me] <what> on rank(s) [...]: rank r:
+    <message>; ...")`` on every rank when any rank reported a problem (only the ``[rank me]`` prefix
+    differs between ranks); otherwise returns the :class:`Agreement` for the caller to decide.
+
+    **Communication:** one ``all_gather`` of ``len(payload) + 2`` int64 per rank; when some rank
+    reported a problem, a second ``all_gather`` of the longest message's bytes. Nothing with one rank
+    (or no process group).
+    """
+    world = _world(group)
+    ranks = tuple(dist.get_process_group_ranks(group)) if group is not None and world > 1 else tuple(range(world))
+    raw = b"" if local_error is None else str(local_error).encode("utf-8", "replace")
+    mine = torch.tensor([int(local_error is not None), len(raw), *map(int, payload)], dtype=torch.long)
+    if world == 1:
+        errors: tuple[str | None, ...] = (None if local_error is None else str(local_error),)
+        table = mine[None]
+    else:
+        device = group_device(group)
+        table = all_gather(mine.to(device), group).cpu()
+        errors = (None,) * world
+        if bool(table[:, 0].any()):
+            longest = int(table[:, 1].max())
+            buf = torch.zeros(longest, dtype=torch.uint8)
+            buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else buf[:0]
+            texts = all_gather(buf.to(device), group).cpu()
+            errors = tuple(
+                bytes(texts[r, : int(table[r, 1])].tolist()).decode("utf-8", "replace") if int(table[r, 0]) else None
+                for r in range(world)
+            )
+    out = Agreement(errors, table[:, 2:], ranks)
+    if error_type is not None and out.failed:
+        me = dist.get_rank() if dist.is_initialized() else 0
+        raise error_type(f"[rank {me}] {out.message(what)}")
+    return out
+
+
 def check_split_sizes(
     send_sizes: Sequence[int],
     recv_sizes: Sequence[int],
@@ -262,9 +346,11 @@ def check_split_sizes(
     each disagreeing pair. Run by :func:`all_to_all` under ``MESHSHARD_VALIDATE=1``.
 
     ``local_error``: a problem this rank found on its own (e.g. an inconsistent halo plan); it is
-    shared in the same collective, so every rank raises, naming the ranks that reported one.
+    shared in the same collective (:func:`agree`), so every rank raises, naming the ranks that
+    reported one and what each found.
 
-    **Communication:** one ``all_gather`` of ``2 P + 1`` int64 per rank.
+    **Communication:** one ``all_gather`` of ``2 P + 2`` int64 per rank (a second one, of the
+    messages, when some rank reported a ``local_error``).
     """
     from .errors import ShardingError
 
@@ -274,19 +360,12 @@ def check_split_sizes(
             f"send_sizes and recv_sizes must have one entry per rank ({world}) "
             f"(got {len(send_sizes)} and {len(recv_sizes)})"
         )
-    flag = int(local_error is not None)
-    mine = torch.tensor([*map(int, send_sizes), *map(int, recv_sizes), flag], dtype=torch.long)
-    if dist.is_initialized() and dist.get_backend(group) == "nccl":
-        mine = mine.cuda()
-    table = all_gather(mine, group).cpu()
-    ranks = dist.get_process_group_ranks(group) if group is not None and dist.is_initialized() else None
-    name = (lambda i: ranks[i]) if ranks else (lambda i: i)
+    found = agree(local_error, group, payload=[*map(int, send_sizes), *map(int, recv_sizes)],
+                  error_type=ShardingError, what="inconsistent")
+    table, ranks = found.payloads, found.ranks
+    name = ranks.__getitem__
     me = dist.get_rank() if dist.is_initialized() else 0
-    flagged = [name(r) for r in range(world) if int(table[r, -1])]
-    if flagged:
-        own = f": {local_error}" if local_error is not None else ""
-        raise ShardingError(f"[rank {me}] inconsistent on rank(s) {flagged}{own}")
-    send, recv = table[:, :world], table[:, world:-1]  # send[r, s]: r sends s; recv[s, r]: s expects from r
+    send, recv = table[:, :world], table[:, world:]  # send[r, s]: r sends s; recv[s, r]: s expects from r
     bad = (send != recv.t()).nonzero().tolist()
     if bad:
         pairs = "; ".join(

@@ -47,32 +47,14 @@ from .drivaerml import DrivaerML
 
 __all__ = ["preprocess_distributed"]
 
-_MSG_BYTES = 1024
-
 
 def _barrier(group: ProcessGroup | None) -> None:
     comm.all_reduce_(torch.zeros(1), group)
 
 
-def _share_errors(error: str | None, group: ProcessGroup | None) -> list[str | None]:
-    """Every rank's error message (or ``None``), on every rank: one all_gather of 1 KiB per rank."""
-    buf = torch.zeros(_MSG_BYTES + 1, dtype=torch.uint8)
-    if error is not None:
-        raw = error.encode("utf-8", "replace")[:_MSG_BYTES]
-        buf[0] = 1
-        buf[1 : 1 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    table = comm.all_gather(buf, group)
-    return [
-        bytes(row[1:].numpy().tobytes()).rstrip(b"\0").decode("utf-8", "replace") if int(row[0]) else None
-        for row in table
-    ]
-
-
-def _first_error(errors: list[str | None]) -> str | None:
-    for rank, msg in enumerate(errors):
-        if msg is not None:
-            return f"[rank {rank}] {msg}"
-    return None
+def _first_error(error: str | None, group: ProcessGroup | None) -> str | None:
+    """The first rank's error (``"[rank r] message"``) or ``None``, the same on every rank."""
+    return comm.agree(error, group).first_error()
 
 
 def _names(kind: str, field_names: Mapping[str, Sequence[str]]) -> list[str]:
@@ -204,7 +186,7 @@ def _run(
             tmp.mkdir(parents=True)
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
-    if (error := _first_error(_share_errors(error, group))) is not None:
+    if (error := _first_error(error, group)) is not None:
         return error, cells
     for kind in kinds:
         names = _names(kind, field_names)
@@ -219,7 +201,7 @@ def _run(
                 arrays = {k: np.ascontiguousarray(raw[k], dtype=np.float32) for k in names}
             except Exception as exc:  # one bad run must not stop the others
                 error = f"{type(exc).__name__}: {exc}"
-        if (error := _first_error(_share_errors(error, group))) is not None:
+        if (error := _first_error(error, group)) is not None:
             return error, cells
         shape = torch.zeros(1 + 2 * len(names), dtype=torch.long)
         if rank == reader:
@@ -271,7 +253,7 @@ def _run(
                 local.pop("_pos64", None)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-            if (error := _first_error(_share_errors(error, group))) is not None:
+            if (error := _first_error(error, group)) is not None:
                 return error, cells
             if c == 0:
                 kind_info["fields"] = {k: list(v.shape[1:]) for k, v in local.items()}
@@ -290,7 +272,7 @@ def _run(
             replace_dir(tmp, runs_dir / f"run_{run}")
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    return _first_error(_share_errors(error, group)), cells
+    return _first_error(error, group), cells
 
 
 def _unpack(rows: np.ndarray, names: list[str], ndims: dict[str, int], widths: dict[str, int]) -> dict[str, np.ndarray]:
@@ -333,7 +315,7 @@ def _write_rows(
                 del mm
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    if (error := _first_error(_share_errors(error, group))) is not None:
+    if (error := _first_error(error, group)) is not None:
         return error
     try:
         for name, local in arrays.items():
@@ -344,4 +326,4 @@ def _write_rows(
                 del mm
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-    return _first_error(_share_errors(error, group))
+    return _first_error(error, group)

@@ -271,12 +271,6 @@ def _local_rows(value: Rows, name: str, n: int) -> np.ndarray:
     return array
 
 
-def _all_ok(ok: bool, group: ProcessGroup | None) -> bool:
-    """All-reduce (MIN) of one flag over ``group``: did every rank succeed?"""
-    flag = torch.tensor([int(ok)], dtype=torch.int32, device=comm.group_device(group))
-    return bool(comm.all_reduce_min(flag, group).item())
-
-
 #: What :func:`write_local_partition` takes as per-rank rows: a tensor, an array or a ShardTensor.
 Rows = torch.Tensor | np.ndarray | ShardTensor
 
@@ -405,21 +399,26 @@ def write_local_partition(
         if error is not None:
             raise error
         return index
-    pieces_ok = _all_ok(error is None, group)
+    pieces = comm.agree(_verdict(error), group)
     if error is not None:
         raise error
-    if not pieces_ok:
-        raise ShardingError(f"rank {rank}: another rank failed to write its piece; no index was written")
+    if pieces.failed:
+        raise ShardingError(f"rank {rank}: another rank failed to write its piece; no index was written "
+                            f"({pieces.first_error()})")
     if rank == 0:
         try:
             write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(num_ranks)])
         except Exception as exc:
             error = exc
-    if not _all_ok(error is None, group):
+    if comm.agree(_verdict(error), group).failed:
         if error is not None:
             raise error
         raise ShardingError(f"rank {rank}: rank 0 failed to write the index {index}")
     return index
+
+
+def _verdict(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"
 
 
 def _local_piece(

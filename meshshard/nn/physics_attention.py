@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_positive_int
+from .._keyed_random import gumbel_noise
 from ..ops.slice_tokens import slice_tokens
 from ..tensor import ShardTensor, wrap
-from ._gumbel import gumbel_noise
 
 __all__ = ["PhysicsAttention"]
 
@@ -120,7 +120,9 @@ class PhysicsAttention(nn.Module):
       single-process tensor); pass ``point_ids`` to key the noise by other ids instead (for example
       the mesh's original point ids, which makes the noise independent of the partitioning too).
 
-    The dropout after ``to_out`` is point-wise and uses the global RNG, as usual.
+    The dropout after ``to_out`` is point-wise: on a plain tensor it uses the global RNG, as usual; on a
+    ShardTensor its mask is keyed by the global element index (``meshshard/tensor/_rules/_random.py``), so
+    a P-rank run drops what a 1-rank ShardTensor run drops (one small ``all_gather`` for the seed).
 
     **Communication** (ShardTensor input): one ``all_reduce`` of ``B * H * M * (D + 1)`` values
     forward, one of the same size backward; none on a plain tensor.

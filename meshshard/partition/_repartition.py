@@ -56,15 +56,6 @@ SAMPLES_PER_RANK = 64  # regular samples per rank for the curve sample sort
 _F64 = torch.float64
 
 
-def _agree(problem: str | None, group: Any, rank: int, device: torch.device) -> None:
-    """Raise the same ``ValueError`` on every rank if any rank found a problem (one all_gather)."""
-    flags = comm.all_gather(torch.tensor([int(problem is not None)], device=device), group).reshape(-1)
-    bad = flags.nonzero().reshape(-1).tolist()
-    if bad:
-        own = f": {problem}" if problem is not None else ""
-        raise ValueError(f"[rank {rank}] repartition: bad input on rank(s) {bad}{own}")
-
-
 def _local_problem(local: torch.Tensor, w: torch.Tensor | None) -> str | None:
     if not local.is_floating_point():
         return f"x must hold floating coordinates (got {local.dtype})"
@@ -204,7 +195,7 @@ def repartition_with_payload(
     num_parts = check_positive_int(num_parts, "num_parts")
     local = x.to_local().detach()
     w_local = None if weights is None else weights.to_local().detach()
-    _agree(_local_problem(local, w_local), group, rank, local.device)
+    comm.agree(_local_problem(local, w_local), group, error_type=ValueError, what="repartition: bad input")
     device = local.device
     n_local, dim = local.shape
     offsets = x.offsets

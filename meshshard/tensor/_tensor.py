@@ -342,8 +342,7 @@ def _check_same_on_all_ranks(
             f"{dist.get_world_size(group)} ranks"
         )
     local = sizes[rank] if n_local is None else n_local
-    mine = torch.tensor([*sizes, *global_shape, local], dtype=torch.long, device=device)
-    everyone = comm.all_gather(mine, group).cpu()
+    everyone = comm.agree(None, group, payload=[*sizes, *global_shape, local]).payloads
     views = everyone[:, :-1]
     differ = [r for r in range(world) if not torch.equal(views[r], views[rank])]
     if differ:
@@ -473,8 +472,14 @@ def _seed(out: torch.Tensor, grad: torch.Tensor | None, name: str) -> tuple[torc
 def _plain_inputs(inputs):
     """The inputs as autograd sees them: a ShardTensor's own gradient edge (``to_local()`` would be a new alias,
     off the recorded graph), plain tensors as they are."""
-    return [torch.autograd.graph.get_gradient_edge(t) if isinstance(t, (ShardTensor, ReplicatedTensor)) else t
-            for t in inputs]
+    return [_gradient_edge(t) if isinstance(t, (ShardTensor, ReplicatedTensor)) else t for t in inputs]
+
+
+def _gradient_edge(t: torch.Tensor):
+    # Without the subclass: for a leaf, get_gradient_edge finds the AccumulateGrad node through
+    # ``t.view_as(t)``, which through the sharding rules would be a node of a fresh alias, off the graph.
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.autograd.graph.get_gradient_edge(t)
 
 
 def autograd_entry(func, args: tuple, kwargs: dict):

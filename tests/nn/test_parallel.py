@@ -124,3 +124,83 @@ def _dtensor_weight(sizes):
 def test_replicated_dtensor_weights_interoperate():
     for kind, ok in run_distributed(_dtensor_weight, 2, SIZES[2]):
         assert kind == "ShardTensor" and ok
+
+
+class BranchNet(torch.nn.Module):
+    """Points with a positive first coordinate go through ``pos``, the others through ``neg``; ``never`` is unused.
+
+    Written as such code is (``if mask.any(): ...``): a rank without positive points never reaches ``pos``.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Linear(3, 2)
+        self.neg = torch.nn.Linear(3, 2)
+        self.never = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        out = x.new_zeros(x.shape[0], 2)
+        mask = x[:, 0] > 0
+        if mask.any():
+            out = out.index_put((mask,), self.pos(x[mask]))
+        if (~mask).any():
+            out = out.index_put((~mask,), self.neg(x[~mask]))
+        return out
+
+
+def _branch_points(n):
+    x, _ = _data(n, seed=4)
+    x[:, 0] = torch.linspace(-1.0, 1.0, n)  # sorted: the first ranks hold only negative points
+    return x
+
+
+def _branch_step(sizes):
+    mesh = ms.init_mesh()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = BranchNet()
+    x = _branch_points(sum(sizes))
+    off = sum(sizes[:rank])
+    # each rank's loss on its own points (plain tensors): the sum over ranks is the single-process loss
+    loss = (model(x[off : off + sizes[rank]]) ** 2).sum()
+    if loss.requires_grad:  # an empty rank reaches no parameter at all
+        loss.backward()
+    reached = {k: p.grad is not None for k, p in model.named_parameters()}
+    ms.nn.sync_gradients(model, mesh)
+    torch.manual_seed(0)
+    ref = BranchNet()
+    (ref(x) ** 2).sum().backward()
+    return reached, {
+        k: (p.grad is None) if ref.get_parameter(k).grad is None
+        else torch.allclose(p.grad, ref.get_parameter(k).grad, rtol=1e-5, atol=1e-6)
+        for k, p in model.named_parameters()
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_a_parameter_reached_on_some_ranks_only_is_a_zero_gradient_elsewhere(world_size):
+    sizes = {2: [3, 4], 3: [3, 0, 6], 4: [2, 0, 5, 1]}[world_size]
+    results = run_distributed(_branch_step, world_size, sizes)
+    assert not results[0][0]["pos.weight"]  # rank 0 holds only negative points (or none)
+    assert any(reached["pos.weight"] for reached, _ in results)
+    for _, ok in results:
+        assert all(ok.values()), ok
+
+
+def _mismatched_models(_):
+    from meshshard.errors import ShardingError
+
+    mesh = ms.init_mesh()
+    model = torch.nn.Linear(3, 2 + dist.get_rank())
+    model(torch.ones(1, 3)).sum().backward()
+    try:
+        ms.nn.sync_gradients(model, mesh)
+    except ShardingError as exc:
+        return str(exc)
+    return None
+
+
+def test_ranks_with_different_parameters_raise_the_same_error():
+    for rank, msg in enumerate(run_distributed(_mismatched_models, 2, None)):
+        assert msg == (f"[rank {rank}] sync_gradients: every rank must hold the same parameters (numbers, shapes, "
+                       "dtypes); found rank 0: 2 parameters of 8 elements; rank 1: 2 parameters of 12 elements")

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 import meshshard as ms
+from meshshard._keyed_random import gumbel_noise
 from meshshard.nn import PhysicsAttention
-from meshshard.nn._gumbel import gumbel_noise
 from meshshard.testing import run_distributed
 
 

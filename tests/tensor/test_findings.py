@@ -183,3 +183,66 @@ def test_errors_are_raised_on_every_rank(kind, match):
         run_distributed(_errors, 3, kind, timeout=30)
     assert sorted(f.rank for f in info.value.failures) == [0, 1, 2]
     assert all(f.kind == "exception" for f in info.value.failures)
+
+
+def _dtype_views(sizes):
+    """Every (source, target) dtype pair that changes the item size, along dim 0 and along a sharded last dim."""
+    mesh = ms.init_mesh()
+    out = {}
+    for src, dst in ((torch.int64, torch.float32), (torch.float32, torch.int64), (torch.int32, torch.float16),
+                     (torch.float64, torch.int16), (torch.int16, torch.float64), (torch.float32, torch.float32)):
+        for dim in (0, 1):
+            shape = (sum(sizes), 4) if dim == 0 else (4, sum(sizes))
+            g = (torch.arange(4 * sum(sizes), dtype=torch.int64).reshape(shape) * 1234567).to(src)
+            x, _ = _shard(g, sizes, mesh, dim=dim)
+            try:
+                ref = g.view(dst)
+            except RuntimeError:
+                ref = None
+            try:
+                y = x.view(dst)
+                full = y.full_tensor().to_plain().contiguous()
+                out[(str(src), str(dst), dim)] = (ref is not None and full.shape == ref.shape
+                                                  and torch.equal(full.view(torch.uint8), ref.view(torch.uint8)))
+            except (RuntimeError, NotImplementedError) as exc:
+                out[(str(src), str(dst), dim)] = f"{type(exc).__name__}: {exc}".replace(f"[rank {dist.get_rank()}]", "")
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 1], [2, 0, 4], [1, 1, 1]])
+def test_dtype_views_that_change_the_item_size_are_exact_or_refused_alike(sizes):
+    results = run_distributed(_dtype_views, 3, sizes)
+    for key, verdict in results[0].items():
+        assert all(r[key] == verdict for r in results), (key, [r[key] for r in results])  # agreed on every rank
+        if key[2] == 0 or key[0] == key[1]:
+            assert verdict is True, (key, verdict)  # the sharded dim keeps its length: always exact
+    last = {k: v for k, v in results[0].items() if k[2] == 1}
+    shrink = ("torch.float32", "torch.int64", 1)  # 4-byte items into 8-byte ones along the sharded dim
+    if all(s % 2 == 0 for s in sizes):
+        assert last[shrink] is True
+    else:
+        assert "needs each rank's bytes there to make whole items of 8 bytes" in last[shrink]
+    assert last[("torch.int64", "torch.float32", 1)] is True  # grows: always exact
+
+
+def _grad_of_a_sharded_leaf(sizes):
+    mesh = ms.init_mesh()
+    g = torch.randn(sum(sizes), 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    x = ms.ShardTensor.from_local(g[_rows(sizes)].clone(), mesh, sizes=sizes).requires_grad_()  # x itself the leaf
+    out = {}
+    cases = {"full_tensor": (lambda t: (t**2).full_tensor().sum(), lambda t: (t**2).sum()),
+             "sum": (lambda t: (t**2).sum(),) * 2, "mean": (lambda t: (t**3).mean(),) * 2}
+    for name, (loss_of, ref_loss_of) in cases.items():
+        (gx,) = torch.autograd.grad(loss_of(x), [x])
+        ref = g.clone().requires_grad_()
+        (gref,) = torch.autograd.grad(ref_loss_of(ref), [ref])
+        out[name] = isinstance(gx, ms.ShardTensor) and torch.allclose(gx.full_tensor(), gref)
+    (x**2).sum().backward()
+    out["backward"] = isinstance(x.grad, ms.ShardTensor) and torch.allclose(x.grad.full_tensor(), 2 * g)
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 1], [0, 5, 0]])
+def test_autograd_grad_with_respect_to_a_sharded_leaf(sizes):
+    for out in run_distributed(_grad_of_a_sharded_leaf, 3, sizes):
+        assert all(out.values()), out

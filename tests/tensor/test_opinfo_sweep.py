@@ -33,7 +33,7 @@ from meshshard.testing import run_distributed
 
 WORLD = 3
 CHUNKS = 16
-MAX_SAMPLES = 3  # per op: op_db's first samples cover the argument forms; keeps the sweep to minutes
+MAX_SAMPLES = 3  # per op, chosen by choose_samples: keeps the sweep to minutes
 # Skipped on purpose, with the reason recorded in the table.
 _NONDETERMINISTIC = {"rand", "randn", "randint", "normal", "bernoulli", "dropout", "dropout1d", "dropout2d",
                      "dropout3d", "multinomial", "uniform", "empty", "exponential", "cauchy", "geometric", "poisson",
@@ -84,7 +84,7 @@ def _signature(items) -> int:
 
 
 def _agree(value: int, group=None) -> list[int]:
-    return comm.all_gather(torch.tensor([value], dtype=torch.long), group).reshape(-1).tolist()
+    return comm.agree(None, group, payload=[value]).payloads[:, 0].tolist()
 
 
 def _close(got, ref) -> bool:
@@ -214,6 +214,39 @@ def _case(op, sample, dim, sizes, shard_others, mesh):
     return OK, "forward+backward"
 
 
+def _first_strided(sample) -> torch.Tensor | None:
+    """The sample's first tensor input (the one the sweep shards), if it is a strided tensor."""
+    first = sample.input[0] if isinstance(sample.input, (list, tuple)) and sample.input else sample.input
+    return first if isinstance(first, torch.Tensor) and first.layout == torch.strided else None
+
+
+def _form(sample) -> tuple:
+    """A sample's argument form: the input's rank, the kinds of its positional arguments, its keywords."""
+    first = _first_strided(sample)
+    kinds = tuple("tensor" if isinstance(a, torch.Tensor) else type(a).__name__ for a in sample.args)
+    return first.dim(), kinds, tuple(sorted(sample.kwargs))
+
+
+def choose_samples(samples: list) -> list[tuple[int, object]]:
+    """Up to ``MAX_SAMPLES`` samples (with their index) whose first input has a dim of length >= 2 to shard.
+
+    op_db's first samples are often scalars or 1-element tensors (``amax``, ``argmin``, ``sum`` start with
+    0-d inputs): looking only at them left such ops untested. In op_db order, samples of a new argument form
+    (input rank, kinds of the positional arguments, keywords) come first, then the others.
+    """
+    usable = [(i, s) for i, s in enumerate(samples)
+              if (t := _first_strided(s)) is not None and any(n >= 2 for n in t.shape)]
+    picked, forms = [], set()
+    for i, s in usable:
+        if len(picked) < MAX_SAMPLES and _form(s) not in forms:
+            picked.append((i, s))
+            forms.add(_form(s))
+    for i, s in usable:
+        if len(picked) < MAX_SAMPLES and all(i != j for j, _ in picked):
+            picked.append((i, s))
+    return sorted(picked, key=lambda p: p[0])
+
+
 def _trace(what: str) -> None:
     """Where each rank is (``MESHSHARD_SWEEP_TRACE=<dir>``): a hung case names itself."""
     folder = os.environ.get("MESHSHARD_SWEEP_TRACE")
@@ -237,12 +270,12 @@ def _sweep(names: list[str]) -> dict:
         except Exception as exc:
             results[name] = [[SKIP, f"sample_inputs failed: {type(exc).__name__}"]]
             continue
-        cases = []
-        for si, sample in enumerate(samples[:MAX_SAMPLES]):
-            first = sample.input[0] if isinstance(sample.input, (list, tuple)) and sample.input else sample.input
-            if not isinstance(first, torch.Tensor) or first.layout != torch.strided:
-                cases.append([SKIP, "input is not a strided tensor"])
-                continue
+        chosen = choose_samples(samples)
+        strided = any(_first_strided(s) is not None for s in samples)
+        cases = [] if chosen else [[SKIP, "input is not a strided tensor" if not strided
+                                    else "no sample with a dim of length >= 2"]]
+        for si, sample in chosen:
+            first = _first_strided(sample)
             rest = list(sample.input[1:]) if isinstance(sample.input, (list, tuple)) else []
             for dim in [d for d in range(first.dim()) if first.shape[d] >= 2]:
                 sizes = _sizes(first.shape[dim], si + dim)
@@ -253,7 +286,7 @@ def _sweep(names: list[str]) -> dict:
                     code, note = _case(op, sample, dim, sizes, shard_others, mesh)
                     cases.append([code, f"sample {si} dim {dim} sizes {sizes} others "
                                         f"{'sharded' if shard_others else 'plain'}: {note}"])
-        results[name] = cases or [[SKIP, "no sample with a dim of length >= 2"]]
+        results[name] = cases
     return results
 
 

@@ -408,5 +408,5 @@ def test_halo_plan_validate_checks_itself_and_symmetry_on_every_rank():
         assert out["ok"] and out["single_ok"]
         # one per all_to_all of the build (3: split sizes), one for the plan itself
         assert out["extra_all_gathers"] == 4
-        own = ": send_index must lie in [0, 10)" if rank == 1 else ""
-        assert out["broken"] == f"[rank {rank}] inconsistent on rank(s) [1]{own}"
+        # every rank names the failing rank and what it found
+        assert out["broken"] == f"[rank {rank}] inconsistent on rank(s) [1]: rank 1: send_index must lie in [0, 10)"

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration side effects)
     _local,
     _loss,
     _norm,
+    _random,
     _reduce,
     _scatter,
     _shape,

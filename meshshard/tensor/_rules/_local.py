@@ -128,7 +128,7 @@ def _collect_pointwise() -> list:
             T.__pos__ if hasattr(T, "__pos__") else None]
     out += [F.gelu, F.silu, F.mish, F.softplus, F.elu, F.leaky_relu, F.hardtanh, F.relu6, F.logsigmoid,
             F.hardswish, F.hardsigmoid, F.selu, F.celu, F.tanhshrink, F.softsign,
-            F.dropout, F.alpha_dropout, torch.dropout, F.threshold, F.sigmoid, F.tanh, F.relu,
+            F.threshold, F.sigmoid, F.tanh, F.relu,
             torch.nn.functional.silu, torch.special.expit, torch.special.erf, torch.special.logit]
     return [f for f in out if f is not None]
 
@@ -179,9 +179,8 @@ register(*_collect_pointwise())(pointwise_rule)
 _SAME_SHAPE = [
     T.to, T.type, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool, T.short, T.byte, T.char,
     T.clone, torch.clone, T.detach, torch.detach, T.contiguous, T.cpu, T.cuda, T.type_as, T.pin_memory,
-    torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like,
-    torch.randint_like, T.copy_, T.uniform_, T.normal_, T.bernoulli_, T.exponential_, T.random_,
-]
+    torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, T.copy_,
+]  # random numbers (rand_like, uniform_, dropout, ...): _random.py
 
 
 @register(*_SAME_SHAPE)

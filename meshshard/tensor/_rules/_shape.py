@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from ... import comm
 from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
@@ -181,14 +182,56 @@ def _prefix_of(dims: list[int], k: int) -> bool:
 def _reshape(func, args, kwargs):
     x = _only_shard(func, args, kwargs)
     if func is T.view and len(args) == 2 and isinstance(args[1], torch.dtype) or "dtype" in kwargs:
-        with no_subclass():
-            out = func(*args, **kwargs)
-        last_changes = x._spec.dim == out.dim() - 1 and out.shape[-1] != local_shape(x)[-1]
-        if out.dim() != len(x._spec.global_shape) or last_changes:
-            raise refuse(func, "a dtype view that changes the size of the sharded dim")
-        return wrap(out, x._spec, x._spec.dim)
+        return _view_dtype(func, x, args[1] if len(args) == 2 else kwargs["dtype"])
     req = args[1:] if len(args) > 1 else (kwargs.get("shape") or kwargs.get("size") or ())
     return _reshape_to(func, x, _target_shape(func, req, x._spec.global_shape.numel()))
+
+
+def _view_dtype(func, x: ShardTensor, dtype: torch.dtype) -> ShardTensor:
+    """``x.view(dtype)``: the same bytes read as ``dtype``; the last dim scales by the ratio of the item sizes.
+
+    Along a sharded last dim the new sizes are ``sizes * old_itemsize / new_itemsize``, decided from the
+    sizes (every rank's bytes there must divide into whole items, else the same error on every rank). torch's
+    own checks (strides, divisibility) see local layouts, which may differ between ranks: their verdicts are
+    agreed (:func:`meshshard.comm.agree`), so the view succeeds everywhere or raises the same error
+    everywhere. A rank without elements gets an empty tensor of the right shape (torch's stride checks would
+    fail on its degenerate strides alone).
+
+    **Communication:** none when the item sizes are equal; else one small ``all_gather`` (the verdict).
+    """
+    spec = x._spec
+    old, new = x.element_size(), torch.empty((), dtype=dtype).element_size()
+    if old == new:
+        with no_subclass():
+            return wrap(x.view(dtype), spec, spec.dim)
+    nd = len(spec.global_shape)
+    sizes = spec.sizes
+    if spec.dim == nd - 1:
+        if any(s * old % new for s in spec.sizes):
+            raise refuse(func, f"viewing {x.dtype} as {dtype} along the sharded last dim needs each rank's bytes "
+                         f"there to make whole items of {new} bytes (sharding sizes {spec.sizes})",
+                         "view along another dim, or reshard first")
+        sizes = tuple(s * old // new for s in spec.sizes)
+    shape = list(local_shape(x))
+    error, out = None, None
+    if shape[-1] * old % new:
+        error = (f"the last dim ({shape[-1]} items of {old} bytes) does not divide into items of {new} bytes "
+                 f"({x.dtype} -> {dtype})")
+    elif math.prod(shape) == 0:
+        shape[-1] = shape[-1] * old // new
+        with no_subclass():
+            out = x.new_empty(shape, dtype=dtype)
+    else:
+        try:
+            with no_subclass():
+                out = x.view(dtype)
+        except RuntimeError as exc:
+            error = str(exc)
+    comm.agree(error, spec.group, error_type=RuntimeError, what=f"view({dtype}) of a ShardTensor")
+    if spec.dim == nd - 1:
+        global_shape = (*spec.global_shape[:-1], sum(sizes))
+        return wrap_shard(out, spec.resized(spec.dim, sizes, global_shape))
+    return wrap(out, spec, spec.dim)
 
 
 @register(T.view_as, T.reshape_as)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from meshshard.nn._gumbel import gumbel_noise, keyed_uniform, mix32
+from meshshard._keyed_random import gumbel_noise, keyed_uniform, mix32
 
 
 def _lowbias32(x: int) -> int:
@@ -39,6 +39,39 @@ def test_a_points_draw_depends_on_its_id_not_on_its_neighbours():
     big = torch.tensor([5, 2**40 + 5, 2**33 + 5])  # the high 32 bits of the id count too
     v = keyed_uniform(big, 1, 1, 2, seed=0)
     assert not torch.equal(v[0, 0, 0], v[0, 0, 1]) and not torch.equal(v[0, 0, 1], v[0, 0, 2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_element_wise_uniforms_are_exact_and_strictly_inside_0_1(dtype):
+    from meshshard._keyed_random import _FRACTION_BITS, uniform_at  # here, not at the top: see the note of i27c
+
+    index = torch.arange(200_000).reshape(400, 500) * 7919 + 2**40
+    u = uniform_at(index, seed=11, dtype=dtype)
+    assert u.dtype == dtype and u.shape == index.shape
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    k = _FRACTION_BITS[dtype]
+    t = u.double() * 2.0**k - 0.5  # (t + 1/2) 2^-k is exact: t comes back as a whole number below 2^k
+    assert torch.equal(t, t.round()) and float(t.max()) < 2**k
+    assert abs(float(u.double().mean()) - 0.5) < 5e-3
+    assert torch.equal(uniform_at(index[123:124, 7:9], seed=11, dtype=dtype), u[123:124, 7:9])  # keyed, not stateful
+    assert not torch.equal(uniform_at(index, seed=12, dtype=dtype), u)
+    assert not torch.equal(uniform_at(index, seed=11, dtype=dtype, stream=1), u)
+
+
+def test_element_wise_normals_and_bits():
+    from meshshard._keyed_random import keyed_bits, normal_at, uniform_at
+
+    index = torch.arange(100_000)
+    for dtype in (torch.float64, torch.float32):
+        z = normal_at(index, seed=4, dtype=dtype)
+        assert z.dtype == dtype and torch.isfinite(z).all()
+        assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
+        assert abs(float(torch.corrcoef(torch.stack([z[:-1], z[1:]]).double())[0, 1])) < 0.02
+    bits = keyed_bits(index, seed=1)
+    assert bits.dtype == torch.int32 and len(bits.unique()) > 99_990
+    with pytest.raises(TypeError, match=r"Expected float64, float32, float16 or bfloat16 for uniform numbers "
+                                        r"\(got torch.int64\)"):
+        uniform_at(index, seed=0, dtype=torch.int64)
 
 
 def test_uniform_and_gumbel_statistics():
