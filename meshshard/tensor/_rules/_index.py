@@ -125,7 +125,7 @@ def fetch_rows(x: ShardTensor, index: torch.Tensor, what: str) -> torch.Tensor:
     asked = comm.all_to_all(requests, send_sizes, recv_sizes, spec.group)
     rows = moved.index_select(0, asked)
     got = comm.all_to_all(rows, recv_sizes, send_sizes, spec.group)
-    table = torch.cat([moved, got.to(moved.device)]) if got.shape[0] else moved  # [owned; ghosts]
+    table = torch.cat([moved, got.to(moved.device)])  # [owned; ghosts]; got stays in the graph on every rank
     pos = torch.where(remote, torch.zeros_like(flat), flat - lo)
     pos[remote] = moved.shape[0] + inverse
     out = table.index_select(0, pos.to(table.device))
