@@ -20,7 +20,7 @@ with ``meshshard.comm`` collectives only to find the ghosts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,7 +32,7 @@ from ..partition import MeshPartition, Partition
 from ..tensor import ShardSpec, ShardTensor, local_of
 from .neighbors import Neighbors
 
-__all__ = ["ShardedGraph", "cells_to_edges", "simulate_graph_halo"]
+__all__ = ["ShardedGraph", "ShardedEdges", "cells_to_edges", "shard_edges", "simulate_graph_halo"]
 
 
 def cells_to_edges(cells: torch.Tensor, mode: str = "cycle") -> torch.Tensor:
@@ -331,6 +331,87 @@ class ShardedGraph:
             f"ShardedGraph(rank={self.plan.rank}, num_owned={self.num_owned}, num_ghosts={self.num_ghosts}, "
             f"num_edges={self.num_edges}, hops={self.hops})"
         )
+
+
+class ShardedEdges(NamedTuple):
+    """A global edge list split by targets for the direct path (see :func:`shard_edges`)."""
+
+    edge_index: ShardTensor
+    edge_id: ShardTensor
+
+
+def shard_edges(
+    edge_index: torch.Tensor,
+    nodes: ShardTensor,
+    *,
+    self_loops: bool = False,
+    partition: Partition | MeshPartition | None = None,
+) -> ShardedEdges:
+    """The edges into this rank's nodes, as ShardTensors that unchanged message-passing code runs on.
+
+    The **direct path**: a PyG layer (or a hand-written ``x[src]`` ... ``index_add(0, dst, msg)``
+    network) fed ShardTensor nodes and these edges gathers each edge's source rows from their owners
+    (``x[src]`` moves every distinct remote row once: the halo) and scatters the messages into
+    nodes sharded like ``nodes``, locally (every target is owned). The output is sharded like the
+    nodes; no rank holds more than its owned and ghost rows.
+
+    How the scatter's output knows its sharding: ``edge_index`` carries the nodes' sharding sizes
+    in its spec (``spec.node_sizes``), and so does every tensor made row by row from it (``src``,
+    ``dst``, ``x[src]``, the messages); ``msg.new_zeros((N_nodes, C))``, which PyG's aggregation
+    scatters into, is therefore sharded like the nodes (decided from the spec, alike on every rank).
+
+    Parameters
+    ----------
+    edge_index:
+        ``(2, E)`` global node ids (row 0 sources, row 1 targets), identical on every rank (or any
+        list holding every edge into this rank's nodes: this rank keeps exactly those, in list order).
+    nodes:
+        A per-node ShardTensor sharded along dim 0 (features or positions): node ids are its global rows.
+    self_loops:
+        Drop the list's self loops and add one ``i -> i`` per node after this rank's edges: what
+        ``GCNConv``/``GATConv``'s ``add_self_loops=True`` does to an unweighted graph; run those
+        layers with ``add_self_loops=False`` on these edges (their own loop step concatenates a plain
+        ``arange(N)``, which has no sharding).
+    partition:
+        As in :meth:`ShardedGraph.from_edges`: the list holds original point ids.
+
+    Returns
+    -------
+    ShardedEdges
+        ``edge_index``: ``(2, E)`` global ids, a ShardTensor sharded along dim 1 (this rank: the
+        ``E_local`` edges into its nodes); ``edge_id``: ``(E,)`` sharded alike, each edge's position in
+        the list (added loop ``i -> i``: ``E + i``), so ``edge_attr[edge_id]`` (a plain ``(E, F)``
+        tensor, the same on every rank) is the edge features sharded like the edges, no communication.
+
+    **Communication:** one ``all_gather`` of one int64 (the per-rank edge counts).
+    """
+    if not isinstance(nodes, ShardTensor) or nodes.shard_dim != 0:
+        raise TypeError(f"nodes must be a ShardTensor sharded along dim 0 (got {type(nodes).__name__})")
+    local = local_of(nodes)
+    edge_index = _check_edge_index(edge_index, local.device)
+    if partition is not None:
+        edge_index = _relabel(edge_index, partition)
+    n = _num_global(nodes)
+    num_edges = int(edge_index.shape[1])
+    if edge_index.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= n):
+        raise ValueError(f"edge_index must hold node ids in [0, {n}) "
+                         f"(got [{int(edge_index.min())}, {int(edge_index.max())}])")
+    lo, hi = _owned_range(nodes)
+    mine = (edge_index[1] >= lo) & (edge_index[1] < hi)
+    if self_loops:
+        mine &= edge_index[0] != edge_index[1]
+    eid = mine.nonzero().flatten()
+    kept = edge_index[:, eid]
+    if self_loops:
+        loops = torch.arange(lo, hi, device=kept.device)
+        kept = torch.cat([kept, loops.expand(2, -1)], 1)
+        eid = torch.cat([eid, loops + num_edges])
+    spec = nodes.spec
+    ei = ShardTensor.from_local(kept.contiguous(), spec.mesh, dim=1, mesh_dim=spec.mesh_dim)
+    ei._spec = ei._spec.with_node_sizes(spec.sizes)
+    ids = ShardTensor.from_local(eid, spec.mesh, sizes=ei.sharding_sizes, mesh_dim=spec.mesh_dim, validate=False)
+    ids._spec = ids._spec.with_node_sizes(spec.sizes)
+    return ShardedEdges(ei, ids)
 
 
 # -- helpers -------------------------------------------------------------------------------------------

@@ -30,6 +30,13 @@ class ShardSpec:
         Every rank's local length along ``dim``, ordered by rank along ``mesh_dim``.
     global_shape:
         Shape of the whole tensor: the local shape with ``dim`` replaced by ``sum(sizes)``.
+    node_sizes:
+        ``None``, or the sharding sizes of the *nodes* that the rows along ``dim`` belong to: every
+        row this rank holds (an edge, a message) targets a node this rank owns under ``node_sizes``.
+        Set by :func:`meshshard.ops.shard_edges` and carried by the ops that keep rows (pointwise
+        ops, row subsets, rows gathered with such an index); ``x.new_zeros((N_nodes, ...))`` of such
+        a tensor is sharded like the nodes, so a scatter's output is sharded without a guess (see
+        :mod:`meshshard.tensor._rules._scatter`). Identical on every rank, like the rest of the spec.
     """
 
     mesh: DeviceMesh = field(compare=False)
@@ -38,6 +45,7 @@ class ShardSpec:
     sizes: tuple[int, ...]
     global_shape: torch.Size
     mesh_id: int = field(default=0, repr=False)
+    node_sizes: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     _moved: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -99,15 +107,24 @@ class ShardSpec:
             if dim == self.dim and torch.Size(shape) == self.global_shape:
                 hit = self
             else:
-                hit = ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id)
+                hit = ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id,
+                                self.node_sizes)
             if len(self._moved) < 64:
                 self._moved[key] = hit
         return hit
 
     def resized(self, dim: int, sizes: Sequence[int], global_shape: Sequence[int]) -> ShardSpec:
-        """A spec on the same mesh axis with new sizes (slices, masks, reshapes that scale the shard)."""
+        """A spec on the same mesh axis with new sizes (slices, masks, reshapes that scale the shard).
+
+        Rows stay on their rank, so ``node_sizes`` is kept.
+        """
         return ShardSpec(self.mesh, self.mesh_dim, dim, tuple(int(s) for s in sizes), torch.Size(global_shape),
-                         self.mesh_id)
+                         self.mesh_id, self.node_sizes)
+
+    def with_node_sizes(self, node_sizes: Sequence[int] | None) -> ShardSpec:
+        """This spec with ``node_sizes`` set (rows held by the owner of the node they target)."""
+        return ShardSpec(self.mesh, self.mesh_dim, self.dim, self.sizes, self.global_shape, self.mesh_id,
+                         None if node_sizes is None else tuple(int(s) for s in node_sizes))
 
     def local_shape_of(self, global_shape: Sequence[int], dim: int | None = None) -> list[int]:
         """This rank's shape of a tensor of ``global_shape`` sharded like this spec along ``dim``."""

@@ -41,6 +41,8 @@ def common_spec(shards: list[ShardTensor], func: Callable) -> ShardSpec:
                 f"vs {s.sizes}{' (different meshes)' if ref.mesh_id != s.mesh_id else ''}. Bring one to the "
                 "other's sharding with x.reshard(y.sharding_sizes) first."
             )
+    if ref.node_sizes is None:  # rows that target nodes (edges, messages): keep that knowledge for the result
+        return next((t._spec for t in shards if t._spec.node_sizes is not None), ref)
     return ref
 
 

@@ -92,31 +92,43 @@ def fetch_rows(x: ShardTensor, index: torch.Tensor, what: str) -> torch.Tensor:
     a plain tensor holding this rank's requests. Differentiable (the backward sends row gradients
     back to their owners and adds them there).
 
+    Owned rows are read locally; each other rank's row travels once however many indices ask for it
+    (a halo: ``x[src]`` over the edges held by their targets' owners moves the ghosts only).
+
     **Communication:** three ``all_to_all``: request counts (and an out-of-range flag, so every rank
-    raises together), the requested indices, the rows (``numel(index) * row_bytes`` received).
+    raises together), the requested distinct remote indices, the rows (``num_distinct_remote *
+    row_bytes`` received); backward: one ``all_to_all`` of as many row gradients.
     """
     spec = x._spec
-    P, n = spec.num_ranks, spec.num_global
+    P, n, me = spec.num_ranks, spec.num_global, spec.rank
     local = x.to_local()
     moved = local.movedim(spec.dim, 0)
     flat = index.reshape(-1).to(torch.long)
     bad = bool(((flat < -n) | (flat >= n)).any()) if flat.numel() else False
     flat = torch.where(flat < 0, flat + n, flat)
-    owner = torch.searchsorted(_offsets_tensor(spec, flat.device)[1:], flat, right=True).clamp_(max=P - 1)
-    order = torch.argsort(owner, stable=True)
-    send = torch.bincount(owner, minlength=P) if flat.numel() else torch.zeros(P, dtype=torch.long)
+    lo, hi = spec.offsets[me], spec.offsets[me + 1]
+    remote = (flat < lo) | (flat >= hi)
+    if bad:
+        flat = torch.where((flat < 0) | (flat >= n), torch.full_like(flat, lo), flat)
+        remote = remote & (flat != lo)
+    wanted, inverse = torch.unique(flat[remote], return_inverse=True)  # sorted: grouped by owner
+    owner = torch.searchsorted(_offsets_tensor(spec, wanted.device)[1:], wanted, right=True).clamp_(max=P - 1)
+    send = torch.bincount(owner, minlength=P) if wanted.numel() else torch.zeros(P, dtype=torch.long)
     mine = torch.stack([send.cpu(), torch.full((P,), int(bad), dtype=torch.long)], 1).reshape(-1)
     theirs = comm.all_to_all(mine, [2] * P, [2] * P, spec.group).reshape(P, 2)
     if int(theirs[:, 1].sum()):
         culprits = [r for r in range(P) if int(theirs[r, 1])]
-        raise IndexError(f"[rank {spec.rank}] {what}: index out of range for dimension {spec.dim} with size {n} "
+        raise IndexError(f"[rank {me}] {what}: index out of range for dimension {spec.dim} with size {n} "
                          f"(indices from rank(s) {culprits})")
     send_sizes, recv_sizes = send.tolist(), theirs[:, 0].tolist()
-    requests = (flat[order] - _offsets_tensor(spec, flat.device)[owner[order]]).to(moved.device)
+    requests = (wanted - _offsets_tensor(spec, wanted.device)[owner]).to(moved.device)
     asked = comm.all_to_all(requests, send_sizes, recv_sizes, spec.group)
     rows = moved.index_select(0, asked)
     got = comm.all_to_all(rows, recv_sizes, send_sizes, spec.group)
-    out = got.index_select(0, torch.argsort(order).to(got.device))
+    table = torch.cat([moved, got.to(moved.device)])  # [owned; ghosts]; got stays in the graph on every rank
+    pos = torch.where(remote, torch.zeros_like(flat), flat - lo)
+    pos[remote] = moved.shape[0] + inverse
+    out = table.index_select(0, pos.to(table.device))
     out = out.reshape(*index.shape, *moved.shape[1:])
     return out.movedim(tuple(range(index.dim())), tuple(range(spec.dim, spec.dim + index.dim())))
 
@@ -195,7 +207,7 @@ def _local_getitem(x: ShardTensor, items: list, k: int):
 def _getitem(func, args, kwargs):
     x, index = args
     if not isinstance(x, ShardTensor):
-        raise refuse(func, "indexing a plain tensor with a ShardTensor index", "use x.full_tensor()[idx]")
+        return _plain_by_shard(func, x, index, 0)
     spec = x._spec
     nd = len(spec.global_shape)
     if isinstance(index, ShardTensor) and index.dtype == torch.bool:  # x[mask], mask sharded like x
@@ -323,13 +335,42 @@ def _setitem(func, args, kwargs):
     return None
 
 
+def _plain_by_shard(func, table: torch.Tensor, index, dim: int):
+    """A plain tensor (replicated: the same on every rank, e.g. a lookup table, a degree vector) indexed
+    along ``dim`` by a ShardTensor of indices: each rank looks up its own indices, no communication; the
+    result is sharded like the index (its gradient for the table is partial on each rank, as for every
+    replicated value)."""
+    if isinstance(index, tuple) and len(index) == 1:
+        index = index[0]
+    if not isinstance(index, ShardTensor) or index.dtype == torch.bool:
+        raise refuse(func, "indexing a plain tensor with ShardTensors needs one integer ShardTensor index",
+                     "index a ShardTensor, or gather with .full_tensor()")
+    d = dim % max(table.dim(), 1)
+    if table.dim() == 0:
+        raise IndexError(f"{op_name(func)}: a 0-d tensor cannot be indexed")
+    ispec = index._spec
+    n = table.shape[d]
+    with no_subclass():
+        flat = index.to_local().reshape(-1).long()
+        bad = torch.tensor([int(bool(((flat < -n) | (flat >= n)).any()) if flat.numel() else 0)])
+        if int(comm.all_reduce_max(bad, ispec.group)[0]):  # every rank raises together
+            raise IndexError(f"{op_name(func)}: an index is out of range for dimension {d} with size {n} "
+                             "(on some rank)")
+        out = table.index_select(d, torch.where(flat < 0, flat + n, flat).to(table.device))
+        out = out.reshape(*table.shape[:d], *index.to_local().shape, *table.shape[d + 1:])
+    shape = [*table.shape[:d], *ispec.global_shape, *table.shape[d + 1:]]
+    return wrap_shard(out, ispec.resized(d + ispec.dim, ispec.sizes, shape))
+
+
 # -- index_select / gather / take ------------------------------------------------------------------
 @register(torch.index_select, T.index_select)
 def _index_select(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "dim", "index"))
     x, idx = a["input"], a["index"]
     if not isinstance(x, ShardTensor):
-        raise refuse(func, "indexing a plain tensor with a ShardTensor index", "use x.full_tensor()")
+        if not isinstance(idx, ShardTensor) or idx.dim() != 1:
+            raise refuse(func, "indexing a plain tensor needs a 1-d ShardTensor index")
+        return _plain_by_shard(func, x, idx, int(a["dim"]))
     spec = x._spec
     nd = len(spec.global_shape)
     d = int(a["dim"]) % max(nd, 1)

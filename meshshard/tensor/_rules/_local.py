@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ...errors import ShardingError, UnsupportedOpError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
+from .._spec import ShardSpec
 from .._tensor import ShardTensor, wrap_shard
 from ._common import common_spec, ndim, plain_along_shard, refuse, shard_args, wrap
 
@@ -212,9 +213,46 @@ def _same_shape(func, args, kwargs):
 
 @register(T.new_zeros, T.new_ones, T.new_empty, T.new_full, T.new_tensor)
 def _new_plain(func, args, kwargs):
-    """``x.new_*(shape)`` creates a plain tensor with x's dtype and device (no sharding)."""
+    """``x.new_*(shape)`` creates a tensor with x's dtype and device.
+
+    It is sharded when its length along x's sharded dim ``d`` names a known sharding (decided from
+    the spec and the shape, alike on every rank): the nodes' when x's rows target nodes
+    (``spec.node_sizes``, e.g. PyG's ``msg.new_zeros((N, C))`` before ``scatter_add_``), else x's
+    own. Any other shape gives a plain tensor (no sharding).
+    """
+    x = args[0]
+    if func is not T.new_tensor and isinstance(x, ShardTensor):
+        names = ("self", "size", "fill_value") if func is T.new_full else ("self", "size")
+        if func is not T.new_full and len(args) > 2 or len(args) == 2 and isinstance(args[1], int):
+            a = {"self": x, "size": tuple(args[1:])}
+            rest = dict(kwargs)
+        else:
+            a = dict(zip(names, args))
+            rest = {k: v for k, v in kwargs.items() if k not in names}
+            a.update({k: v for k, v in kwargs.items() if k in names})
+        size = a.get("size")
+        spec = x._spec
+        if isinstance(size, (tuple, list, torch.Size)) and all(isinstance(s, int) for s in size):
+            sizes = _sharding_for(spec, tuple(size))
+            if sizes is not None:
+                shape = list(size)
+                shape[spec.dim] = sizes[spec.rank]
+                extra = (a["fill_value"],) if func is T.new_full else ()
+                with no_subclass():
+                    out = func(x, shape, *extra, **rest)
+                new = ShardSpec(spec.mesh, spec.mesh_dim, spec.dim, sizes, torch.Size(size), spec.mesh_id, sizes)
+                return wrap_shard(out, new)
     with no_subclass():
         return func(*args, **kwargs)
+
+
+def _sharding_for(spec: ShardSpec, size: tuple[int, ...]) -> tuple[int, ...] | None:
+    if len(size) <= spec.dim:
+        return None
+    for sizes in (spec.node_sizes, spec.sizes):
+        if sizes is not None and size[spec.dim] == sum(sizes):
+            return sizes
+    return None
 
 
 # -- per-point linear algebra and normalisation --------------------------------------------------

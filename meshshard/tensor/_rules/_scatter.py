@@ -17,8 +17,23 @@ Two layouts are supported (``torch_geometric.utils.scatter`` runs through them u
   :class:`~meshshard.tensor.ReplicatedTensor`; the target's gradient is partial on each rank, as for
   every replicated value.
 
-Scattering into a *sharded* target along its sharded dim would move rows to the ranks that own
-them (index values are global rows): it raises; gather the target or use :mod:`meshshard.halo`.
+* **Sharded target** (message passing: edges or messages into nodes sharded along the points): the
+  target is a ShardTensor sharded along the scatter dim, index values are its global rows, and the
+  index and source are sharded along the scatter dim with any sizes (the contributions), or plain
+  (replicated). One ``all_reduce`` of three flags agrees on every rank whether an index is out of
+  range (``IndexError`` everywhere), whether any index belongs to another rank, and whether a
+  ``scatter*`` index varies along the other dims. When every index is owned (edges held by their
+  targets' owners, :func:`meshshard.ops.shard_edges`) the scatter is local; otherwise each
+  contribution row (or single element, for a varying index) is sent to the owner of its row with
+  ``all_to_all`` (this rank's own rows stay). The owner runs torch's op once on everything aimed at
+  its rows, in global order, so every reduction, ``include_self`` both ways, last-write ``scatter``
+  (as torch on CPU) and their gradients are torch's own. No rank holds more than its own rows.
+  ``index_put(..., accumulate=True)`` with one index tensor is ``index_add`` along its dim.
+
+How the output of PyG's ``src.new_zeros((N, C)).scatter_add_(0, index, src)`` gets its sharding:
+``new_zeros`` of a ShardTensor whose rows target nodes (``spec.node_sizes``, set by ``shard_edges``
+and kept by the ops that keep rows) with ``N`` nodes along its sharded dim is sharded like the nodes
+(:mod:`._local`); it is decided from the spec and the shape, never from one rank's data.
 
 **Communication:**
 
@@ -30,10 +45,17 @@ replicated target, ``mean`` (or ``sum``     one ``all_reduce`` of twice the targ
 with ``include_self=False``)
 replicated target, ``amax``/``amin``/       two ``all_to_all`` (source and index gathered:
 ``prod``/no reduction                       ``P * N_local`` rows each); backward: one ``all_to_all``
+sharded target, every index owned           one ``all_reduce`` of 3 int64
+sharded target, routed                      one ``all_reduce`` of 3 int64, three ``all_to_all``
+                                            (counts, indices, the rows sent to other ranks; four
+                                            for single elements: positions too); backward: one
+                                            ``all_to_all`` of the row gradients
 ==========================================  ========================================================
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -101,12 +123,14 @@ def _scatter(func, args, kwargs):
     a = _parse(func, args, kwargs)
     a["reduce_arg"] = reduce_arg
     inp, index, src = a["input"], a["index"], a["src"]
-    shards = [t for t in (inp, index, src) if isinstance(t, ShardTensor)]
-    spec = common_spec(shards, func)
     if not isinstance(inp, torch.Tensor) or not isinstance(index, torch.Tensor):
         raise TypeError(f"{op_name(func)}: expected tensors for input and index")
     (d,) = norm_dims(a["dim"], ndim(inp), func)
     a["dim"] = d
+    if isinstance(inp, ShardTensor) and inp._spec.dim == d:
+        return into_sharded(func, a, inp, index, src, d)
+    shards = [t for t in (inp, index, src) if isinstance(t, ShardTensor)]
+    spec = common_spec(shards, func)
     if isinstance(inp, ShardTensor):
         return _local(func, a, inp, index, src, d)
     if func in _INPLACE:  # e.g. torch_geometric: src.new_zeros(size).scatter_add_(dim, index, src)
@@ -121,9 +145,6 @@ def _scatter(func, args, kwargs):
 
 def _local(func, a, inp: ShardTensor, index, src, d: int):
     spec = inp._spec
-    if d == spec.dim:
-        raise refuse(func, f"scattering along the sharded dim {d} of the target moves rows between ranks (index "
-                     "values are global rows)", "scatter into a replicated target, or gather with .full_tensor()")
     back = ndim(inp) - spec.dim
     if a["kind"] == "index":
         if isinstance(index, ShardTensor):
@@ -221,3 +242,201 @@ def _gathered(func, a, inp, index, src, spec):
     full_src = src.full_tensor().to_plain() if isinstance(src, ShardTensor) else src
     out = _call(func, a, inp, full_index, full_src)
     return replicated(out, spec)
+
+
+# -- into a target sharded along the scatter dim -------------------------------------------------------
+_REDUCES = ("sum", "mean", "amax", "amin", "prod", "assign")
+
+
+def into_sharded(func, a: dict, inp: ShardTensor, index, src, d: int):
+    """Scatter into a target sharded along ``d``: each contribution is applied by the owner of its row.
+
+    The index holds global rows of the target. Contributions (index, source) are sharded along the
+    scatter dim with any sizes (e.g. edges held by their targets' owners), or plain (replicated: the
+    same on every rank), in which case each rank applies the ones that hit its rows. One small
+    ``all_reduce`` agrees on three flags: an index out of range (``IndexError`` on every rank), an
+    index owned by another rank (then contributions are routed to their owners), and an index of
+    ``scatter*`` that is not constant along the other dims (then single elements are routed, not rows).
+    Every owner runs torch's op once on all the contributions to its rows, in global order, so every
+    reduction (``include_self`` both ways) and its gradient are torch's own.
+    """
+    spec = inp._spec
+    reduce = a["reduce"]
+    if reduce not in _REDUCES:
+        raise RuntimeError(f"{op_name(func)}: reduce argument must be one of sum, prod, mean, amax, amin "
+                           f"(got {reduce!r})")
+    scatter_kind = a["kind"] == "scatter"
+    nd = ndim(inp)
+    if isinstance(index, ShardTensor):
+        ispec = index._spec
+        want = d if scatter_kind else 0
+        if ispec.dim != want:
+            raise refuse(func, f"the index must be sharded along dim {want} (its rows are the contributions)")
+        if isinstance(src, ShardTensor):
+            if src._spec.dim != d:
+                raise refuse(func, f"the source must be sharded along the scatter dim {d}, like the index")
+            common_spec([index, src], func)
+        elif isinstance(src, torch.Tensor) and src.dim() > 0:
+            src = _narrow_plain(func, src, ispec, d)
+        li = index.to_local()
+    elif isinstance(src, ShardTensor):
+        raise refuse(func, "a sharded source with a plain index", "shard the index like the source")
+    else:
+        ispec = None
+        li = index
+    ls = local_of(src)
+    if scatter_kind and li.dim() != nd:
+        raise RuntimeError(f"{op_name(func)}: Index tensor must have the same number of dimensions as self tensor")
+    if not scatter_kind and li.dim() > 1:
+        raise IndexError(f"{op_name(func)}: Index is supposed to be a vector")
+    with no_subclass():
+        li = li.reshape(-1) if not scatter_kind else li
+        if not isinstance(ls, torch.Tensor):  # scatter(..., value=v)
+            ls = torch.full(li.shape, ls, dtype=inp.dtype, device=li.device)
+        elif ls.dim() == 0 and scatter_kind:
+            ls = ls.expand(li.shape)
+        if scatter_kind:  # torch uses the index-shaped corner of the source
+            ls = ls[tuple(slice(0, k) for k in li.shape)]
+        rows_i = li.movedim(d, 0) if scatter_kind else li
+        rows_s = ls.movedim(d, 0)
+        n = spec.num_global
+        lo, hi = spec.offsets[spec.rank], spec.offsets[spec.rank + 1]
+        flat_i = rows_i.reshape(rows_i.shape[0], math.prod(rows_i.shape[1:]))
+        first = flat_i[:, :1] if flat_i.shape[1] else rows_i.new_zeros((rows_i.shape[0], 1))
+        bad = bool(((rows_i < 0) | (rows_i >= n)).any()) if rows_i.numel() else False
+        if ispec is None:  # replicated contributions: keep the ones that hit this rank's rows
+            foreign = False
+        else:
+            foreign = bool(((rows_i < lo) | (rows_i >= hi)).any()) if rows_i.numel() else False
+        ragged = scatter_kind and rows_i.dim() > 1 and rows_i.numel() > 0 and bool(
+            (flat_i != first).any())
+    flags = comm.all_reduce_max(torch.tensor([int(bad), int(foreign), int(ragged)]), spec.group)
+    if int(flags[0]):
+        raise IndexError(f"{op_name(func)}: an index is out of bounds for dim {d} of size {n} (on some rank)")
+    if a["alpha"] != 1:
+        rows_s = rows_s * a["alpha"]
+    if int(flags[2]):
+        return _elements_to_owners(func, a, inp, rows_i, rows_s, d, spec, route=ispec is not None)
+    row_index = first.reshape(-1) if scatter_kind else rows_i
+    if ispec is None:
+        keep = ((row_index >= lo) & (row_index < hi)).nonzero().reshape(-1)
+        row_index, rows_s = row_index[keep], rows_s.index_select(0, keep.to(rows_s.device))
+    elif int(flags[1]):
+        row_index, rows_s = _rows_to_owners(row_index, rows_s, spec)
+    return _apply_owned(func, a, inp, row_index - lo, rows_s, d, rows_i.shape[1:])
+
+
+def _owners(spec, index: torch.Tensor) -> torch.Tensor:
+    offsets = torch.tensor(spec.offsets, dtype=torch.long, device=index.device)
+    return torch.searchsorted(offsets[1:], index.contiguous(), right=True).clamp_(max=spec.num_ranks - 1)
+
+
+def _route(spec, owner: torch.Tensor, *payloads: torch.Tensor) -> list[torch.Tensor]:
+    """Send each row of every payload to its ``owner``; this rank's own rows stay (not on the wire).
+
+    The rows an owner receives are in global order (by sending rank, then local order), its own in
+    its rank's place. **Communication:** one ``all_to_all`` of the counts, one per payload (differentiable).
+    """
+    P, me = spec.num_ranks, spec.rank
+    order = torch.argsort(owner, stable=True)
+    counts = torch.bincount(owner, minlength=P) if owner.numel() else torch.zeros(P, dtype=torch.long)
+    own = int(counts[me])
+    start = int(counts[:me].sum())
+    send = counts.clone()
+    send[me] = 0
+    recv = comm.all_to_all(send.reshape(P, 1), [1] * P, [1] * P, spec.group).reshape(-1).tolist()
+    keep = order[start : start + own]
+    away = torch.cat([order[:start], order[start + own :]])
+    out = []
+    for t in payloads:
+        got = comm.all_to_all(t.index_select(0, away.to(t.device)), send.tolist(), recv, spec.group)
+        before = sum(recv[:me])
+        mine = t.index_select(0, keep.to(t.device))
+        out.append(torch.cat([got[:before], mine, got[before:]]))
+    return out
+
+
+def _rows_to_owners(row_index: torch.Tensor, rows: torch.Tensor, spec):
+    index, moved = _route(spec, _owners(spec, row_index), row_index, rows)
+    return index, moved
+
+
+def _apply_owned(func, a, inp: ShardTensor, local_rows: torch.Tensor, rows: torch.Tensor, d: int, rest):
+    """torch's op on this rank's shard with the contributions to its rows (``local_rows`` local)."""
+    with no_subclass():
+        src = rows.movedim(0, d)
+        if a["kind"] == "scatter":
+            shape = (rows.shape[0], *rest)
+            index = local_rows.reshape(-1, *[1] * len(rest)).expand(shape).movedim(0, d)
+        else:
+            index = local_rows
+    b = dict(a, alpha=1, value=None)
+    if func in _INPLACE:
+        _call(func, b, inp, index, src)
+        return inp
+    out = _call(func, b, inp.to_local(), index, src)
+    return wrap(out, inp._spec, d)
+
+
+def _elements_to_owners(func, a, inp: ShardTensor, rows_i, rows_s, d: int, spec, route: bool):
+    """``scatter*`` with an index that differs along the other dims: single elements go to their owners."""
+    local = inp.to_local()
+    with no_subclass():
+        moved = local.movedim(d, 0)
+        rest_t = list(moved.shape[1:])
+        rest_i = list(rows_i.shape[1:])
+        if any(i > t for i, t in zip(rest_i, rest_t)):
+            raise RuntimeError(f"{op_name(func)}: the index is larger than the target along a dim other than {d}")
+        grids = torch.meshgrid(*[torch.arange(k) for k in rest_i], indexing="ij") if rest_i else []
+        lin = torch.zeros(rest_i, dtype=torch.long)
+        for g, k in zip(grids, rest_t):
+            lin = lin * k + g
+        for k in rest_t[len(rest_i):]:
+            lin = lin * k
+        width = math.prod(rest_t)
+        rows_flat = rows_i.reshape(-1)
+        pos_rest = lin.reshape(1, -1).expand(rows_i.shape[0], -1).reshape(-1).to(rows_flat.device)
+        vals = rows_s.reshape(-1)
+    lo, hi = spec.offsets[spec.rank], spec.offsets[spec.rank + 1]
+    if route:
+        rows_flat, pos_rest, vals = _route(spec, _owners(spec, rows_flat), rows_flat, pos_rest, vals)
+    else:
+        keep = ((rows_flat >= lo) & (rows_flat < hi)).nonzero().reshape(-1)
+        rows_flat, pos_rest, vals = rows_flat[keep], pos_rest[keep], vals.index_select(0, keep.to(vals.device))
+    with no_subclass():
+        pos = (rows_flat - lo) * width + pos_rest
+        flat = moved.reshape(-1).clone() if func in _INPLACE else moved.reshape(-1)
+        b = dict(a, dim=0, alpha=1, value=None)
+        target_func = _OUT_OF_PLACE.get(func, func)
+        out = _call(target_func, b, flat, pos, vals).reshape(moved.shape).movedim(0, d)
+        if func in _INPLACE:
+            inp.copy_(out)
+            return inp
+    return wrap(out, spec, d)
+
+
+@register(torch.index_put, T.index_put, T.index_put_)
+def _index_put(func, args, kwargs):
+    """``index_put(x, (None, ..., idx), values, accumulate=True)`` is ``index_add`` along idx's dim."""
+    a = bind(func, args, kwargs, ("input", "indices", "values", "accumulate"), {"accumulate": False})
+    inp, indices, values = a["input"], a["indices"], a["values"]
+    if not a["accumulate"]:
+        raise refuse(func, "accumulate=False: rows written twice have no defined winner across ranks",
+                     "use accumulate=True, or torch.where with a mask")
+    if not isinstance(indices, (tuple, list)):
+        raise TypeError(f"{op_name(func)}: indices must be a tuple of tensors (got {type(indices).__name__})")
+    given = [k for k, t in enumerate(indices) if t is not None]
+    if len(given) != 1 or not isinstance(indices[given[0]], torch.Tensor) or indices[given[0]].dim() != 1 or \
+            indices[given[0]].dtype == torch.bool:
+        raise refuse(func, "needs exactly one 1-d integer index tensor (the others None)")
+    d = given[0]
+    index = indices[d]
+    if isinstance(values, torch.Tensor) and not isinstance(values, ShardTensor):
+        shape = [*ndim_shape(inp)[:d], index.shape[0], *ndim_shape(inp)[d + 1:]]
+        values = values.expand(shape)
+    add = T.index_add_ if func is T.index_put_ else torch.index_add
+    return _scatter(add, (inp, d, index, values), {})
+
+
+def ndim_shape(t: torch.Tensor) -> torch.Size:
+    return t._spec.global_shape if isinstance(t, ShardTensor) else t.shape

@@ -59,6 +59,48 @@ CASES.update({
     "local_scatter_value": lambda S, P: torch.scatter(
         S(_x(N, 4)), 1, S(torch.randint(0, 4, (N, 1), generator=torch.Generator().manual_seed(2))), 5.0),
 })
+# into a target sharded along the scatter dim (nodes), contributions sharded otherwise (edges): routed to owners
+M = 11  # target rows; N contributions with global row indices
+
+
+def _rows(seed=3, n=N):
+    return torch.randint(0, M, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _rows2(c=C):
+    return _rows().view(-1, 1).expand(N, c).contiguous()
+
+
+CASES.update({
+    "sharded_index_add": lambda S, P: torch.index_add(S(_x(M, C, seed=1)), 0, S(_rows()), S(_x(N, C)), alpha=2.0),
+    "sharded_index_add_inplace": lambda S, P: (S(_x(M, C, seed=1)) * 1).index_add_(0, S(_rows()), S(_x(N, C))),
+    "sharded_scatter_add": lambda S, P: torch.scatter_add(S(_x(M, C, seed=1)), 0, S(_rows2()), S(_x(N, C))),
+    "sharded_scatter_add_inplace": lambda S, P: (S(_x(M, C, seed=1)) * 1).scatter_add_(0, S(_rows2()), S(_x(N, C))),
+    # an index that differs along the channels: single elements are routed
+    "sharded_scatter_add_ragged": lambda S, P: torch.scatter_add(S(_x(M, C, seed=1)), 0, S(torch.randint(
+        0, M, (N, 2), generator=torch.Generator().manual_seed(5))), S(_x(N, 2))),
+    "sharded_scatter_amax_ragged_inplace": lambda S, P: (S(_x(M, C, seed=1)) * 1).scatter_reduce_(0, S(torch.randint(
+        0, M, (N, 2), generator=torch.Generator().manual_seed(5))), S(_x(N, 2)), "amax", include_self=False),
+    "sharded_scatter_value": lambda S, P: torch.scatter(S(_x(M, C, seed=1)), 0, S(torch.randperm(
+        M, generator=torch.Generator().manual_seed(2))[:4].view(4, 1).expand(4, C).contiguous()), 2.5),
+    "sharded_scatter_assign": lambda S, P: torch.scatter(S(_x(M, C, seed=1)), 0, S(torch.randperm(
+        M, generator=torch.Generator().manual_seed(2))[:6].view(6, 1).expand(6, C).contiguous()), S(_x(6, C))),
+    # replicated contributions (plain index and source): each rank applies the ones that hit its rows
+    "sharded_index_add_plain": lambda S, P: torch.index_add(S(_x(M, C, seed=1)), 0, P(_rows()), P(_x(N, C))),
+    "sharded_index_put_accumulate": lambda S, P: torch.index_put(S(_x(M, C, seed=1)), (S(_rows()),), S(_x(N, C)),
+                                                                 accumulate=True),
+    "sharded_index_put_accumulate_inplace": lambda S, P: (S(_x(M, C, seed=1)) * 1).index_put_(
+        (S(_rows()),), S(_x(N, C)), accumulate=True),
+    "replicated_index_put_accumulate": lambda S, P: torch.index_put(P(_tgt()), (S(_groups()),), S(_x(N, C)),
+                                                                    accumulate=True),
+})
+for red in ("sum", "mean", "amax", "amin", "prod"):
+    for inc in (True, False):
+        CASES[f"sharded_scatter_reduce_{red}_{inc}"] = (lambda red, inc: lambda S, P: torch.scatter_reduce(
+            S(_x(M, C, seed=1)), 0, S(_rows2()), S(_x(N, C)), red, include_self=inc))(red, inc)
+        if red != "sum":
+            CASES[f"sharded_index_reduce_{red}_{inc}"] = (lambda red, inc: lambda S, P: torch.index_reduce(
+                S(_x(M, C, seed=1)), 0, S(_rows()), S(_x(N, C)), red, include_self=inc))(red, inc)
 try:
     from torch_geometric.utils import scatter as pyg_scatter
 
@@ -86,6 +128,15 @@ def test_scatter_matches_single_process(world_size):
             assert res[name][4] == "ReplicatedTensor"
         for name in ("scatter_reduce_amax_True", "scatter_reduce_prod_False", "index_reduce_amin"):
             assert res[name][2] == {"all_to_all": 2}, (name, res[name])
+        # sharded target: one all_reduce of three flags, then counts, indices and rows to their owners
+        for name in ("sharded_index_add", "sharded_scatter_add", "sharded_scatter_reduce_amax_False",
+                     "sharded_index_put_accumulate"):
+            assert res[name][2] == {"all_reduce": 1, "all_to_all": 3}, (name, res[name])
+            assert res[name][3] == {"all_reduce": 1, "all_to_all": 1} and res[name][4] == "ShardTensor"
+        assert res["sharded_index_add_plain"][2] == {"all_reduce": 1}, res["sharded_index_add_plain"]
+    for name in CASES:
+        if name.startswith("sharded_"):
+            assert res[name][4] == "ShardTensor", (name, res[name])
 
 
 def _bad(kind):
@@ -96,14 +147,17 @@ def _bad(kind):
     try:
         if kind == "out_of_range":
             torch.index_add(torch.zeros(4, 2), 0, idx, x)
-        elif kind == "sharded_target_dim":
-            torch.index_add(x, 0, torch.tensor([0, 1]), torch.ones(2, 2))
+        elif kind == "sharded_out_of_range":  # into a sharded target: the same IndexError on every rank
+            torch.index_add(x, 0, idx, x)
+        elif kind == "sharded_plain_index":
+            torch.index_add(x, 0, torch.tensor([0, 1, 2, 3, 4, 5]), x)
     except Exception as exc:  # noqa: BLE001
         return type(exc).__name__
     return None
 
 
-@pytest.mark.parametrize("kind,err", [("out_of_range", "IndexError"), ("sharded_target_dim", "UnsupportedOpError")])
+@pytest.mark.parametrize("kind,err", [("out_of_range", "IndexError"), ("sharded_out_of_range", "IndexError"),
+                                      ("sharded_plain_index", "UnsupportedOpError")])
 def test_bad_scatter_raises_on_every_rank(kind, err):
     assert run_distributed(_bad, 2, kind) == [err, err]
 
