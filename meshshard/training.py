@@ -250,10 +250,17 @@ def _read_weights_only(path: str, allowed: tuple = ()) -> Any:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         try:
-            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)) or _first_line(exc)
-        except Exception:
-            found = _first_line(exc)
+            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except Exception:  # not a zip checkpoint: torch's message is the only account of what it holds
+            found = next((line for line in lines if "GLOBAL" in line), "")
+        if not found:  # refused for another reason than Python objects: not a torch checkpoint at all
+            after = [b for a, b in zip(lines, lines[1:]) if a.endswith("WeightsUnpickler error:")]
+            raise CheckpointError(
+                f"{path} is not a checkpoint written by 'meshshard train' (torch.load failed: "
+                f"{after[0] if after else _first_line(exc)})"
+            ) from None
         raise CheckpointError(
             f"{path} is not a meshshard checkpoint: loading it would need Python objects that can run code "
             f"({found}); meshshard reads only tensors and plain types (torch.load(weights_only=True)). If you "

@@ -133,6 +133,8 @@ def _npz_member(path: Path, name: str) -> NpyHeader | None:
             raise DatasetError(f"{path}: {name} has unsupported .npy version {version}")
         shape, fortran, dtype = read_header[version](f)
         offset = f.tell()
+    if np.dtype(dtype).hasobject:  # Python objects: a pickle inside, never read
+        raise DatasetError(f"{path}: array {name!r} holds Python objects (dtype object); expected numbers")
     if fortran:
         return None
     return NpyHeader(tuple(shape), np.dtype(dtype), offset)
@@ -177,7 +179,7 @@ class CuratorRun:
         header = self._header(name)
         if header is not None:
             return header.shape
-        with np.load(self.path) as npz:
+        with np.load(self.path, allow_pickle=False) as npz:
             return tuple(npz[name].shape)
 
     def chunk_rows(self, name: str) -> int:
@@ -195,13 +197,15 @@ class CuratorRun:
         self.require(name)
         if self.format == "zarr":
             array = self._group[name]
+            if np.dtype(array.dtype).hasobject:  # decoding would unpickle: refused before any chunk is read
+                raise DatasetError(f"{self.path}: array {name!r} holds Python objects (dtype object); expected numbers")
             return np.asarray(array[slice(start, stop)])
         header = self._header(name)
         if header is None:  # compressed member: no byte range to seek to
-            with np.load(self.path) as npz:
+            with np.load(self.path, allow_pickle=False) as npz:
                 return np.asarray(npz[name])[slice(start, stop)]
         if not header.shape:  # a 0-d metadata scalar
-            with np.load(self.path) as npz:
+            with np.load(self.path, allow_pickle=False) as npz:
                 return np.asarray(npz[name])
         lo, hi, _ = slice(start, stop).indices(header.shape[0])
         return read_rows(self.path, lo, max(lo, hi), header)
@@ -214,7 +218,7 @@ class CuratorRun:
         else:
             value = None
             if key in self.arrays:
-                with np.load(self.path) as npz:
+                with np.load(self.path, allow_pickle=False) as npz:
                     value = npz[key].item()
         if value is None:
             where = "attributes 'physics_constants' or top level" if self.format == "zarr" else "scalar arrays"
