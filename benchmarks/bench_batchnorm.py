@@ -22,6 +22,8 @@ import json
 import time
 from pathlib import Path
 
+from _finite import check_finite
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -116,6 +118,8 @@ def _bench(batch: int, channels: int, n_local: int, layers: int, repeats: int):
         counts = dict(cc.counts) if kind == "meshshard" else dict(counter)
         counts.pop("all_reduce_loss", None)
         check[kind] = (y.to_local() if isinstance(y, ms.ShardTensor) else y).detach()
+        check_finite(f"{kind} BatchNorm stack output and gradients (rank {rank})",
+                     [check[kind]] + [p.grad for p in model.parameters()])
         times = []
         for _ in range(repeats):
             dist.barrier()

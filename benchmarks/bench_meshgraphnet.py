@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+from _finite import check_finite
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = dict(hidden=16, num_layers=10, mlp_layers=2)
@@ -144,6 +145,7 @@ def _train_rank(nx: int, ny: int, steps: int) -> dict:
         if step == 0:
             halo = {"all_to_all_per_step": cc.counts.get("all_to_all", 0),
                     "all_to_all_bytes_per_step": cc.bytes_sent.get("all_to_all", 0)}
+    check_finite(f"MeshGraphNet training losses at P={dist.get_world_size()} (rank {rank})", losses)
     peak = _peak_rss()
     return {
         "rank": rank,
@@ -259,6 +261,7 @@ def main(quick: bool = False, points: int | None = None) -> dict:
         r["memory_vs_p1"] = r["activation_peak_mb"] / base["activation_peak_mb"]
         r["speedup_vs_p1"] = base["step_s"] / r["step_s"]
         r["cpu_speedup_vs_p1"] = base["cpu_s"] / r["cpu_s"]
+    check_finite("MeshGraphNet training losses", [r["losses"] for row in rows for r in row["ranks"]])
     ref = base["ranks"][0]["losses"]
     for r in rows:  # the same trajectory on every P (exactness, not just speed)
         r["losses_match_p1"] = all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(r["ranks"][0]["losses"], ref))

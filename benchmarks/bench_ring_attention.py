@@ -26,6 +26,8 @@ import json
 import time
 from pathlib import Path
 
+from _finite import check_finite
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -65,7 +67,7 @@ def _worker(method: str, n: int, heads: int, width: int, repeats: int) -> dict:
         if method == "torch":
             out = F.scaled_dot_product_attention(*local)
             out.backward(torch.ones_like(out))
-            return
+            return out
         q, k, v = (ms.ShardTensor.from_local(t, mesh, sizes=sizes, dim=2) for t in local)
         if method == "gather_kv":
             k, v = k.full_tensor().to_plain(), v.full_tensor().to_plain()
@@ -73,11 +75,14 @@ def _worker(method: str, n: int, heads: int, width: int, repeats: int) -> dict:
         else:
             out = F.scaled_dot_product_attention(q, k, v).to_local()
         out.backward(torch.ones_like(out))
+        return out
 
     dist.barrier()
     before = _rss_mib()
-    step()
+    out = step()
     peak = _maxrss_mib() - before
+    check_finite(f"{method} attention output and gradients (rank {rank})", [out] + [t.grad for t in local])
+    del out
     times = []
     for _ in range(repeats):
         dist.barrier()

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 import torch
+from _finite import check_finite
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = dict(n_hidden=32, n_layers=2, n_head=2, slice_num=16, mlp_ratio=2)
@@ -118,6 +119,7 @@ def _train_rank(
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         losses.append(float(loss.detach()))
+    check_finite(f"{variant} training losses at P={world} (rank {rank})", losses)
     peak = _peak_rss()
     return {
         "rank": rank,
@@ -144,6 +146,7 @@ def _infer_rank(n_global: int, chunk_size: int | None, variant: str = "plain") -
     with torch.no_grad():
         y = model(x) if chunk_size is None else ms.nn.chunked_forward(model, x, chunk_size)
     wall = time.perf_counter() - t0
+    check_finite(f"{variant} inference output ({n_global:,} points)", y)
     peak = _peak_rss()
     return {
         "activation_peak_mb": (peak - baseline) / 2**20,
@@ -300,6 +303,8 @@ def main(quick: bool = False, points: int | None = None, surface_points: int | N
         "large": large,
         "inference": infer,
     }
+    check_finite("training losses", [r["losses"] for row in rows + large for r in row["ranks"]])
+    check_finite("inference checksums", [r["checksum"] for r in infer])
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "bench_transolver_quick" if quick else "bench_transolver"
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2))

@@ -10,15 +10,26 @@ tensors (wrap-around multiplication; logical shifts by masking), on any device.
 
 The hash is Chris Wellons' *lowbias32* (public-domain constants), applied in a chain:
 ``a = mix(id_lo ^ key_bh)``, ``a = mix(a ^ id_hi)``, ``u = mix(a ^ key_m)`` with ``key_bh`` and
-``key_m`` hashed from the seed and the batch, head and slice indices. The top 24 bits give
-``u`` in ``(0, 1)`` (never 0 or 1), and ``g = -log(-log(u))`` is standard Gumbel.
+``key_m`` hashed from the seed and the batch, head and slice indices. The top ``k`` bits ``t``
+give ``u = (t + 1/2) / 2**k`` with ``k = min(23, m)``, ``m`` the dtype's mantissa bits (23 for float32 and float64,
+10 for float16, 7 for bfloat16), and ``g = -log(-log(u))`` is standard Gumbel.
+
+Why ``k`` depends on the dtype: ``t + 1/2`` needs ``k + 1`` significant bits, so every ``u`` is
+exact in the dtype only when ``k <= m``; then ``u`` lies in ``[2**-(k+1), 1 - 2**-(k+1)]``,
+strictly inside ``(0, 1)``. With 24 bits in float32 (an earlier version) ``t + 1/2`` rounded to
+even, and ``t = 2**24 - 1`` gave ``u = 1.0`` exactly: ``-log(-log(1)) = +inf``, a NaN row in the
+softmax, NaN slice tokens and a NaN loss, once in ``2**24`` draws (so almost surely in every
+training step from ~20k points with a few heads, slices and layers). float32 and float64 draw
+the same ``u`` (23 bits are exact in both).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["mix32", "keyed_uniform", "gumbel_noise"]
+__all__ = ["mix32", "keyed_uniform", "unit_interval", "gumbel_noise"]
 
 _M32 = 0xFFFFFFFF
 _C1, _C2 = 0x7FEB352D, 0x846CA68B
@@ -79,7 +90,8 @@ def keyed_uniform(
     seed:
         Any integer (the module's seed and the step, combined by the caller).
     dtype:
-        Floating dtype of the result (24 random bits).
+        Floating dtype of the result (23 random bits; 10 for float16, 7 for bfloat16: see
+        :func:`unit_interval`).
     """
     if point_ids.dim() != 1 or point_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(
@@ -94,9 +106,20 @@ def keyed_uniform(
     key_m = torch.tensor([_s32(_key(seed, -1, m)) for m in range(slices)], dtype=torch.int32, device=dev)
     a = mix32(lo.view(1, 1, -1) ^ key_bh.unsqueeze(-1))  # (B, H, N)
     a = mix32(a ^ hi.view(1, 1, -1))
-    bits = mix32(a.unsqueeze(-1) ^ key_m)  # (B, H, N, M)
-    top24 = (bits >> 8) & 0xFFFFFF
-    return (top24.to(dtype) + 0.5) * (2.0**-24)
+    return unit_interval(mix32(a.unsqueeze(-1) ^ key_m), dtype)  # (B, H, N, M)
+
+
+def unit_interval(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int32 random bits -> numbers strictly inside ``(0, 1)``, every one exact in ``dtype``.
+
+    Uses the top ``k = min(23, m)``, ``m`` the dtype's mantissa bits bits ``t``: ``(t + 1/2) * 2**-k``, which is
+    exact in ``dtype`` (``k + 1`` significant bits), hence never rounds to 0 or 1.
+    """
+    if not dtype.is_floating_point:
+        raise TypeError(f"Expected a floating dtype for the uniform numbers (got {dtype})")
+    k = min(23, round(-math.log2(torch.finfo(dtype).eps)))  # eps = 2**-(mantissa bits)
+    top = (bits >> (32 - k)) & ((1 << k) - 1)
+    return (top.to(dtype) + 0.5) * (2.0**-k)
 
 
 def gumbel_noise(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CheckpointError",
     "CollectiveError",
     "DatasetError",
     "MeshReadError",
@@ -48,6 +49,11 @@ class UnsupportedOpError(NotImplementedError):
 
 class DatasetError(ValueError):
     """A data file is corrupt, lacks a field, or holds arrays of the wrong length or shape."""
+
+
+class CheckpointError(ValueError):
+    """A file is not a meshshard checkpoint: not a weights-only torch file (it would need to run code
+    to load), missing entries, entries of unexpected types, or weights that do not fit the model."""
 
 
 class MeshReadError(ValueError):

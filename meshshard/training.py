@@ -14,6 +14,14 @@ subsample are pure functions of ``(seed, s)``, so no RNG state has to be carried
 (weights, optimiser, step, config, RNG states for completeness) is written atomically by rank 0
 every ``checkpoint_every`` steps; ``resume=True`` continues at the next step and truncates the log
 to the checkpoint, so no step is lost or repeated.
+
+Checkpoints cannot run code: one holds only tensors and plain types (numbers, strings, lists,
+dicts: the config as a dict, the RNG state as a uint8 tensor), and every read is
+``torch.load(weights_only=True)`` (:func:`load_checkpoint`), so a shared or downloaded file is
+data, never a program. Anything else (a file that needs arbitrary unpickling, missing entries,
+unexpected types, weights that do not fit the model) raises :class:`~meshshard.errors.CheckpointError`
+naming the file and what was expected, before anything is written. A file from an older meshshard
+that holds the few Python objects such files could hold is rewritten by :func:`convert_checkpoint`.
 """
 
 from __future__ import annotations
@@ -21,9 +29,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import pathlib
+import pickle
 import resource
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +45,23 @@ from ._checks import check_positive_int
 from .comm import all_gather_object, all_reduce, barrier, group_rank_and_size
 from .datasets.synthetic import RHO, U_INF, integrate_forces
 from .device_mesh import init_mesh
-from .errors import UsageError
+from .errors import CheckpointError, UsageError
 from .faults import install_excepthook
 from .nn import Transolver, TransolverConfig, sync_gradients
 from .tensor import ShardTensor
 
-__all__ = ["TrainConfig", "train", "evaluate", "features", "TARGETS", "INPUTS"]
+__all__ = [
+    "TrainConfig",
+    "train",
+    "evaluate",
+    "features",
+    "load_checkpoint",
+    "check_resume",
+    "convert_checkpoint",
+    "CHECKPOINT_KEYS",
+    "TARGETS",
+    "INPUTS",
+]
 
 #: Surface inputs (normalised position, unit normal) and targets (DrivaerML names), in channel order.
 INPUTS = ("pos", "normals")
@@ -182,6 +203,224 @@ def _atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text))
 
 
+# -- checkpoints: tensors and plain types only, read without running code ----------------------------
+#: The entries of a checkpoint written by :func:`train`; :func:`evaluate` needs ``model`` and ``config``.
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "step", "log", "config", "rng")
+#: Layout version written in ``"format"`` (checkpoints written before it have none and read alike).
+CHECKPOINT_FORMAT = 1
+_EXPECTED = {
+    "model": (dict, "a dict of tensors (model.state_dict())"),
+    "optimizer": (dict, "a dict (the optimizer's state_dict())"),
+    "scheduler": (dict, "a dict (the LR scheduler's state_dict())"),
+    "step": (int, "a non-negative int"),
+    "log": (list, "a list of per-step dicts"),
+    "config": (dict, "a dict of TrainConfig fields"),
+    "rng": (torch.Tensor, "a uint8 tensor (torch.get_rng_state())"),
+    "format": (int, f"the int {CHECKPOINT_FORMAT}"),
+}
+#: The only classes :func:`convert_checkpoint` lets a weights-only read rebuild: a ``TrainConfig``
+#: (its fields are set from the file, none of the file's code runs) and filesystem paths.
+_CONVERTIBLE = (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+
+
+def _not_plain(value: Any) -> str | None:
+    """The type name of the first value that is neither a tensor nor a plain type, or None."""
+    if value is None or isinstance(value, bool | int | float | str | torch.Tensor):
+        return None
+    if isinstance(value, list | tuple):
+        items = list(value)
+    elif isinstance(value, dict):
+        bad_keys = [type(k).__name__ for k in value if not isinstance(k, str | int)]
+        if bad_keys:
+            return f"dict key of type {bad_keys[0]}"
+        items = list(value.values())
+    else:
+        return type(value).__name__
+    return next((found for found in map(_not_plain, items) if found is not None), None)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _read_weights_only(path: str, allowed: tuple = ()) -> Any:
+    """``torch.load(path, weights_only=True)``, every failure a :class:`CheckpointError` naming ``path``."""
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        try:
+            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except Exception:  # not a zip checkpoint: torch's message is the only account of what it holds
+            found = next((line for line in lines if "GLOBAL" in line), "")
+        if not found:  # refused for another reason than Python objects: not a torch checkpoint at all
+            after = [b for a, b in zip(lines, lines[1:]) if a.endswith("WeightsUnpickler error:")]
+            raise CheckpointError(
+                f"{path} is not a checkpoint written by 'meshshard train' (torch.load failed: "
+                f"{after[0] if after else _first_line(exc)})"
+            ) from None
+        raise CheckpointError(
+            f"{path} is not a meshshard checkpoint: loading it would need Python objects that can run code "
+            f"({found}); meshshard reads only tensors and plain types (torch.load(weights_only=True)). If you "
+            "trust the file and it came from an older meshshard, rewrite it once with "
+            "meshshard.training.convert_checkpoint(SRC, DST)"
+        ) from None
+    except Exception as exc:  # zip, storage and EOF errors all mean "not a torch checkpoint"
+        raise CheckpointError(
+            f"{path} is not a checkpoint written by 'meshshard train' (torch.load failed: {_first_line(exc)})"
+        ) from None
+
+
+def _check_entries(ckpt: Any, path: str, required: tuple[str, ...]) -> None:
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(
+            f"{path} is not a checkpoint written by 'meshshard train' (expected a dict with entries "
+            f"{list(CHECKPOINT_KEYS)}; found a {type(ckpt).__name__})"
+        )
+    missing = [k for k in required if k not in ckpt]
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a complete meshshard checkpoint: it lacks {missing} (expected entries "
+            f"{list(required)}; found {sorted(map(str, ckpt))})"
+        )
+    if ckpt.get("format", CHECKPOINT_FORMAT) != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{path} was written in checkpoint format {ckpt['format']!r}; this meshshard reads format "
+            f"{CHECKPOINT_FORMAT} (and the unversioned files written before it)"
+        )
+    for key, (kind, what) in _EXPECTED.items():
+        if key not in ckpt:
+            continue
+        value = ckpt[key]
+        found = None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            found = type(value).__name__
+        elif key == "model":
+            found = next((type(v).__name__ for v in value.values() if not isinstance(v, torch.Tensor)), None)
+        elif key == "step" and value < 0:
+            found = str(value)
+        elif key == "rng" and (value.dtype != torch.uint8 or value.dim() != 1):
+            found = f"a {value.dim()}-d {value.dtype} tensor"
+        else:
+            found = _not_plain(value)
+        if found is not None:
+            raise CheckpointError(f"{path}: the checkpoint's '{key}' must be {what} (found {found})")
+    unknown = sorted(set(ckpt["config"]) - {f.name for f in fields(TrainConfig)}) if "config" in ckpt else []
+    if unknown:
+        raise CheckpointError(
+            f"{path}: the checkpoint's config has fields this meshshard's TrainConfig lacks: {unknown} "
+            "(written by another version)"
+        )
+
+
+def load_checkpoint(path: str | os.PathLike, *, resume: bool = False) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`train`, running no code from the file.
+
+    The file is read with ``torch.load(weights_only=True)`` and its entries are checked: a dict
+    with ``model`` and ``config`` (and, with ``resume=True``, every entry of
+    :data:`CHECKPOINT_KEYS`), each of the expected type, holding only tensors and plain types.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` is not a file.
+    CheckpointError
+        If the file is not such a checkpoint (it needs Python objects to load, is not a torch
+        file, lacks entries or holds unexpected types); the message names the file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint: {path} not found (write one with meshshard train)")
+    ckpt = _read_weights_only(path)
+    _check_entries(ckpt, path, CHECKPOINT_KEYS if resume else ("model", "config"))
+    return ckpt
+
+
+def _config_of(ckpt: dict, path: str, **overrides: Any) -> TrainConfig:
+    """The checkpoint's TrainConfig, with ``overrides``; a bad config is a :class:`CheckpointError`."""
+    try:
+        return TrainConfig(**{**ckpt["config"], **overrides})
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: the checkpoint's config is not a valid TrainConfig ({_first_line(exc)})"
+        ) from None
+
+
+def _restore(ckpt: dict, path: str, model: torch.nn.Module, opt, sched) -> None:
+    """Load the checkpoint's states into ``model`` (and ``opt``, ``sched`` unless None)."""
+    parts = [("model", model), ("optimizer", opt), ("scheduler", sched)]
+    for key, target in parts:
+        if target is None:
+            continue
+        try:
+            target.load_state_dict(ckpt[key])
+        except Exception as exc:  # shapes, names or layouts of another model or optimiser
+            raise CheckpointError(
+                f"{path}: the checkpoint's '{key}' does not fit this run's {type(target).__name__} "
+                f"(was it written with other model options?): {_first_line(exc)}"
+            ) from None
+
+
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module):
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps, eta_min=cfg.lr * 0.05)
+
+
+def check_resume(cfg: TrainConfig) -> bool:
+    """Whether ``train(cfg)`` with ``resume=True`` would continue from ``cfg.out/checkpoint.pt``.
+
+    ``False`` when there is no checkpoint; ``True`` when it reads and fits this configuration's
+    model, optimizer and scheduler. Reads only (the CLI calls it before starting any rank).
+
+    Raises
+    ------
+    CheckpointError
+        If the file is there but is not a checkpoint :func:`train` can resume from.
+    """
+    path = Path(cfg.out) / "checkpoint.pt"
+    if not path.exists():
+        return False
+    ckpt = load_checkpoint(path, resume=True)
+    model = cfg.model()
+    _restore(ckpt, str(path), model, *_optimizer(cfg, model))
+    return True
+
+
+def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Rewrite a checkpoint that holds a ``TrainConfig`` object or paths as a plain one at ``dst``.
+
+    For files written by an older meshshard (or by hand) with ``torch.save`` of such objects, which
+    :func:`load_checkpoint` refuses. The file is still read weights-only: the only classes rebuilt
+    are :class:`TrainConfig` (its fields are set, no code runs) and ``pathlib`` paths (turned into
+    strings); anything else is refused with :class:`CheckpointError`. ``dst`` must not exist.
+    Returns ``dst``.
+    """
+    src, dst = os.fspath(src), Path(dst)
+    if not os.path.isfile(src):
+        raise FileNotFoundError(f"checkpoint: {src} not found")
+    if dst.exists():
+        raise FileExistsError(f"convert_checkpoint: {dst} exists; choose a new file name (nothing is overwritten)")
+    ckpt = _read_weights_only(src, (TrainConfig, *_CONVERTIBLE))
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, TrainConfig):
+            return plain(dict(vars(value)))
+        if isinstance(value, pathlib.PurePath):
+            return str(value)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(plain(v) for v in value)
+        return value
+
+    ckpt = plain(ckpt)
+    _check_entries(ckpt, src, ("model", "config"))
+    _atomic_save(ckpt, dst)
+    return dst
+
+
 def _setup(dp: int):
     """``(mesh, dp_rank, dp_size)``; ``mesh`` is None single-process without a process group."""
     if not dist.is_initialized() and "RANK" not in os.environ:
@@ -222,7 +461,14 @@ def _relative_l2(y: torch.Tensor, t: torch.Tensor, ds) -> dict[str, float]:
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train; return a summary (final loss, losses per step, per-rank points and peak memory)."""
+    """Train; return a summary (final loss, losses per step, per-rank points and peak memory).
+
+    Raises
+    ------
+    CheckpointError
+        With ``resume=True``, if ``out/checkpoint.pt`` exists but is not a checkpoint this run can
+        continue from (see :func:`load_checkpoint`); raised on every rank, before any file is written.
+    """
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg must be a meshshard.training.TrainConfig (got {type(cfg).__name__})")
     cfg = replace(cfg)  # runs TrainConfig's checks again: the fields may have been changed since construction
@@ -237,15 +483,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise UsageError(f"meshshard train: the store {cfg.store} has no training runs")
     stats = ds.stats
     model = cfg.model()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.steps, eta_min=cfg.lr * 0.05)
+    opt, sched = _optimizer(cfg, model)
     ckpt_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
     start, log = 0, []
     if cfg.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
+        ckpt = _agreed(lambda: _resume_from(ckpt_path, model, opt, sched))  # nothing written before this
         start, log = ckpt["step"], ckpt["log"]
         torch.set_rng_state(ckpt["rng"])
         model.rng_step = start  # Transolver++'s Gumbel noise continues the run's sequence
@@ -294,6 +536,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             if _is_main():
                 _atomic_save(
                     {
+                        "format": CHECKPOINT_FORMAT,
                         "model": model.state_dict(),
                         "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(),
@@ -327,6 +570,27 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
+def _resume_from(path: Path, model: torch.nn.Module, opt, sched) -> dict:
+    ckpt = load_checkpoint(path, resume=True)
+    _restore(ckpt, str(path), model, opt, sched)
+    return ckpt
+
+
+def _agreed(read: Any) -> Any:
+    """``read()`` on every rank, and one verdict: if it raised a CheckpointError on any rank, every rank
+    raises the first rank's (one all-gather when a process group is up)."""
+    result, message = None, None
+    try:
+        result = read()
+    except CheckpointError as exc:
+        message = str(exc)
+    if dist.is_initialized():
+        message = next((m for m in all_gather_object(message) if m is not None), None)
+    if message is not None:
+        raise CheckpointError(message)
+    return result
+
+
 def _progress_bar(cfg: TrainConfig, start: int) -> Any:
     """A tqdm bar with an ETA on rank 0 when stderr is a terminal (None otherwise).
 
@@ -351,17 +615,32 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
 
     Cd/Cl are computed three ways: from the predicted fields, from the true fields stored, and
     read from ``force_mom_i.csv`` of the raw data (when its folder is still there).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``checkpoint`` is not a file.
+    CheckpointError
+        If it is not a checkpoint written by :func:`train` (see :func:`load_checkpoint`), or its
+        weights do not fit the model its config describes.
     """
     from .datasets.drivaerml import read_csv_row
 
+    checkpoint = os.fspath(checkpoint)
     if not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint: {checkpoint} not found (write one with meshshard train)")
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    cfg = TrainConfig(**{**ckpt["config"], "store": store, "resume": False})
     mesh, _, _ = _setup(1)
+
+    def read() -> tuple[TrainConfig, torch.nn.Module]:
+        ckpt = load_checkpoint(checkpoint)
+        out_dir = ckpt["config"].get("out", os.path.dirname(os.path.abspath(checkpoint)))
+        cfg = _config_of(ckpt, checkpoint, store=store, out=out_dir, resume=False)
+        model = cfg.model()
+        _restore(ckpt, checkpoint, model, None, None)
+        return cfg, model
+
+    cfg, model = _agreed(read)
     ds = _dataset(cfg, split, mesh, None)
-    model = cfg.model()
-    model.load_state_dict(ckpt["model"])
     model.eval()
     source = Path(ds.meta.get("source") or "")
     results = []

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import meshshard as ms
-from meshshard.errors import UsageError
+from meshshard.errors import CheckpointError, DatasetError, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +162,20 @@ def _train_config(e, **changes):
     from meshshard.training import TrainConfig
 
     return TrainConfig(**{"store": str(e.store), "out": str(e.tmp / "train_out"), **changes})
+
+
+def _escaping_store(e) -> Path:
+    """A copy of the good store's meta.json whose point order names a folder outside the store."""
+    meta = json.loads((Path(e.store) / "meta.json").read_text())
+    escaping = e.tmp / "escaping_store"
+    escaping.mkdir(exist_ok=True)
+    (escaping / "meta.json").write_text(json.dumps({**meta, "order_of": {"1": "../../etc"}}))
+    return escaping
+
+
+def _text_file(e, name: str) -> Path:
+    (e.tmp / name).write_text("not a checkpoint\n")
+    return e.tmp / name
 
 
 def _sphere():
@@ -747,6 +761,30 @@ CASES = [
         lambda e: ms.training.evaluate(e.store, e.tmp / "nope.pt"),
         F,
         r"nope.pt not found",
+    ),
+    (
+        "load_checkpoint/not a checkpoint",
+        lambda e: ms.training.load_checkpoint(_text_file(e, "notes.pt")),
+        CheckpointError,
+        r"notes.pt is not a checkpoint written by 'meshshard train' \(torch.load failed: Unsupported operand 110\)",
+    ),
+    (
+        "check_resume/not a checkpoint",
+        lambda e: ms.training.check_resume(_train_config(e, out=_text_file(e, "checkpoint.pt").parent)),
+        CheckpointError,
+        r"checkpoint.pt is not a checkpoint written by 'meshshard train'",
+    ),
+    (
+        "convert_checkpoint/missing",
+        lambda e: ms.training.convert_checkpoint(e.tmp / "nope.pt", e.tmp / "new.pt"),
+        F,
+        r"nope.pt not found",
+    ),
+    (
+        "load_meta/path outside the store",
+        lambda e: ms.datasets.load_meta(_escaping_store(e)),
+        DatasetError,
+        r"order_of holds '../../etc', which is not a plain file name .* store paths cannot point outside the store",
     ),
     ("features/missing fields", lambda e: ms.training.features({}, {}), V, r"features needs a sample with"),
     ("plan/zero parts", lambda e: ms.planning.plan(num_points=100, parts=0), UsageError, r"--parts must be at least 1"),

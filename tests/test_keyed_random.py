@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from meshshard._keyed_random import gumbel_noise, keyed_uniform, mix32
+from meshshard._keyed_random import gumbel_noise, keyed_uniform, mix32, unit_interval
 
 
 def _lowbias32(x: int) -> int:
@@ -93,3 +93,32 @@ def test_half_precision_and_errors():
     assert g.dtype == torch.bfloat16 and torch.isfinite(g).all()
     with pytest.raises(ValueError, match=r"point_ids must be a 1-d integer tensor \(got shape \(2, 2\)"):
         keyed_uniform(torch.zeros(2, 2, dtype=torch.int64), 1, 1, 1, seed=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_every_24_bit_pattern_gives_a_number_strictly_inside_0_1_and_finite_gumbel(dtype):
+    """Exhaustive over the top 24 bits (the low 8 bits all set, the worst case for rounding up).
+
+    The float32 conversion of earlier versions, ``(t + 0.5) * 2**-24``, gave exactly 1.0 for
+    ``t = 2**24 - 1`` (``-log(-log(1)) = inf``: NaN in Transolver++ from ~20k points, issue 32).
+    """
+    top = torch.arange(2**24, dtype=torch.int64)
+    bits = ((top << 8) | 0xFF).to(torch.int64)
+    bits = (bits - ((bits >> 31) & 1) * (1 << 32)).to(torch.int32)  # the int32 with the same bits
+    u = unit_interval(bits, dtype)
+    assert u.dtype == dtype
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    k = {torch.float64: 23, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    steps = u[1:] != u[:-1]  # u rises with the bits: count its distinct values without sorting
+    assert bool((u[1:] >= u[:-1]).all()) and int(steps.sum()) + 1 == 2**k  # no two draws merged by rounding
+    g = -torch.log(-torch.log(u))
+    assert torch.isfinite(g).all()
+    assert torch.isfinite(gumbel_noise(torch.arange(4), 1, 1, 2, seed=0, dtype=dtype)).all()
+
+
+def test_float32_and_float64_draw_the_same_numbers():
+    ids = torch.arange(5000)
+    u32, u64 = keyed_uniform(ids, 1, 2, 3, seed=9), keyed_uniform(ids, 1, 2, 3, seed=9, dtype=torch.float64)
+    assert torch.equal(u32.double(), u64)
+    with pytest.raises(TypeError, match=r"Expected a floating dtype for the uniform numbers \(got torch.int64\)"):
+        keyed_uniform(ids, 1, 1, 1, seed=0, dtype=torch.int64)

@@ -1,4 +1,5 @@
-"""The training loop (meshshard/training.py): its model config, checkpoints that survive crashes, evaluate.
+"""The training loop (meshshard/training.py): its model config, checkpoints that survive crashes, evaluate;
+checkpoints that cannot run code (weights-only reads, one clear error for anything else).
 
 Through the CLI and torchrun: tests/cli/test_train.py and tests/cli/test_evaluate.py.
 """
@@ -8,13 +9,16 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from meshshard import training
+from meshshard.errors import CheckpointError
 from meshshard.nn import Transolver, TransolverConfig
+from tests.cli._helpers import code_running_checkpoint, snapshot
 
 
 class _Crash(Exception):
@@ -108,3 +112,107 @@ def test_a_checkpoint_written_by_train_loads_in_evaluate(tiny_store, tmp_path):
     for r in summary["runs"]:
         assert r["rel_l2"]["pMeanTrim"] > 0 and abs(r["Cd_true"] - r["Cd_csv"]) < 1e-3
         assert math.isfinite(r["Cd_pred"]) and math.isfinite(r["Cl_pred"])
+
+
+# -- checkpoints that cannot run code (issue 33) ------------------------------------------------------
+SMALL = dict(n_hidden=8, n_layers=1, n_head=2, slice_num=4, mlp_ratio=1, quiet=True)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_store, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trained")
+    training.train(training.TrainConfig(store=str(tiny_store), out=str(out), steps=2, **SMALL))
+    return out
+
+
+def test_a_checkpoint_that_would_run_code_runs_none_through_the_library(tiny_store, tmp_path):
+    run, marker = tmp_path / "run", tmp_path / "PWNED"
+    run.mkdir()
+    evil = code_running_checkpoint(run / "checkpoint.pt", marker)
+    (run / "log.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    before = snapshot(run)
+    refused = r"is not a meshshard checkpoint: loading it would need Python objects that can run code \(io.open\)"
+    with pytest.raises(CheckpointError, match=refused):
+        training.evaluate(str(tiny_store), str(evil))
+    with pytest.raises(CheckpointError, match=refused):
+        training.train(training.TrainConfig(store=str(tiny_store), out=str(run), steps=4, resume=True, **SMALL))
+    with pytest.raises(CheckpointError, match=refused):
+        training.convert_checkpoint(evil, tmp_path / "converted.pt")
+    assert not marker.exists() and not (tmp_path / "converted.pt").exists()
+    assert snapshot(run) == before  # a failed resume leaves the run folder as it was
+
+
+def test_checkpoints_hold_only_tensors_and_plain_types_and_unversioned_ones_load(tiny_store, trained, tmp_path):
+    ckpt = torch.load(trained / "checkpoint.pt", weights_only=True)
+    assert sorted(ckpt) == sorted([*training.CHECKPOINT_KEYS, "format"]) and ckpt["format"] == 1
+    assert isinstance(ckpt["config"], dict) and ckpt["rng"].dtype == torch.uint8
+    assert training.load_checkpoint(trained / "checkpoint.pt", resume=True)["step"] == 2
+    del ckpt["format"]  # as every checkpoint written before the format entry: plain, so it loads
+    torch.save(ckpt, tmp_path / "old.pt")
+    old = training.evaluate(str(tiny_store), str(tmp_path / "old.pt"), split="all")
+    assert old == training.evaluate(str(tiny_store), str(trained / "checkpoint.pt"), split="all")
+
+
+def test_python_objects_of_older_files_are_refused_with_how_to_convert(tiny_store, trained, tmp_path):
+    ckpt = torch.load(trained / "checkpoint.pt", weights_only=True)
+    cfg = training.TrainConfig(**ckpt["config"])
+    cfg.store = Path(cfg.store)  # a path object, as a script might have left it
+    torch.save({**ckpt, "config": cfg}, tmp_path / "objects.pt")
+    with pytest.raises(CheckpointError, match=r"meshshard.training.TrainConfig.*convert_checkpoint\(SRC, DST\)"):
+        training.load_checkpoint(tmp_path / "objects.pt")
+    dst = training.convert_checkpoint(tmp_path / "objects.pt", tmp_path / "plain.pt")
+    assert training.load_checkpoint(dst, resume=True)["config"] == ckpt["config"]
+    assert training.evaluate(str(tiny_store), str(dst), split="all")["runs"]
+    with pytest.raises(FileExistsError, match="plain.pt exists; choose a new file name"):
+        training.convert_checkpoint(tmp_path / "objects.pt", dst)
+
+
+def _entries(trained: Path) -> dict:
+    return torch.load(trained / "checkpoint.pt", weights_only=True)
+
+
+BAD = {
+    "not a torch file": (lambda t: b"step 2, loss 0.1\n", r"is not a checkpoint written by 'meshshard train' "
+                         r"\(torch.load failed: "),
+    "a list": (lambda t: [1, 2], r"expected a dict with entries \['model', .*found a list"),
+    "no config": (lambda t: {"model": _entries(t)["model"]}, r"lacks \['config'\]"),
+    "model of strings": (lambda t: {**_entries(t), "model": {"w": "x"}},
+                         r"'model' must be a dict of tensors \(model.state_dict\(\)\) \(found str\)"),
+    "negative step": (lambda t: {**_entries(t), "step": -1}, r"'step' must be a non-negative int \(found -1\)"),
+    "float rng": (lambda t: {**_entries(t), "rng": torch.zeros(3)}, r"'rng' must be a uint8 tensor.*1-d torch.float32"),
+    "unknown config field": (lambda t: {**_entries(t), "config": {**_entries(t)["config"], "lr_warmup": 3}},
+                             r"TrainConfig lacks: \['lr_warmup'\] \(written by another version\)"),
+    "bad config value": (lambda t: {**_entries(t), "config": {**_entries(t)["config"], "steps": 0}},
+                         r"config is not a valid TrainConfig \(ValueError: steps must be"),
+    "newer format": (lambda t: {**_entries(t), "format": 7}, r"checkpoint format 7; this meshshard reads format 1"),
+    "other model": (lambda t: {**_entries(t), "model": {**_entries(t)["model"], "extra": torch.zeros(2)}},
+                    r"'model' does not fit this run's Transolver"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_file_that_is_no_checkpoint_gets_one_clear_error_naming_it(tiny_store, trained, tmp_path, case):
+    make, message = BAD[case]
+    path = tmp_path / "checkpoint.pt"
+    content = make(trained)
+    path.write_bytes(content) if isinstance(content, bytes) else torch.save(content, path)
+    with pytest.raises(CheckpointError, match=message) as info:
+        training.evaluate(str(tiny_store), str(path))
+    assert str(path) in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_resume_with_other_model_options_is_refused_and_writes_nothing(tiny_store, trained, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("checkpoint.pt", "log.jsonl"):
+        (run / name).write_bytes((trained / name).read_bytes())
+    before = snapshot(run)
+    cfg = training.TrainConfig(store=str(tiny_store), out=str(run), steps=4, resume=True, **{**SMALL, "n_hidden": 16})
+    with pytest.raises(CheckpointError, match=r"checkpoint.pt: the checkpoint's 'model' does not fit this run's "
+                                              r"Transolver \(was it written with other model options\?\)"):
+        training.check_resume(cfg)
+    with pytest.raises(CheckpointError, match="does not fit"):
+        training.train(cfg)
+    assert snapshot(run) == before
+    assert training.check_resume(replace(cfg, n_hidden=8)) is True
+    assert training.check_resume(replace(cfg, out=str(tmp_path / "empty"))) is False

@@ -6,7 +6,6 @@ Standard library only at import time (``meshshard --help`` imports no torch, num
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -92,9 +91,10 @@ def load_store_meta(command: str, store: str) -> dict[str, Any]:
     path = os.path.join(store, "meta.json")
     if not os.path.isfile(path):
         raise UsageError(f"meshshard {command}: {store} is not a store (no meta.json); run 'meshshard preprocess'")
+    from ..datasets import load_meta  # the one reader: format and file names checked
+
     try:
-        with open(path) as f:
-            meta = json.load(f)
+        meta = load_meta(store)
         meta["order_of"]  # noqa: B018  (present in every store format)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"meshshard {command}: cannot read {path} ({type(exc).__name__}: {exc})") from None

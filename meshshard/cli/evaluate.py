@@ -34,22 +34,18 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
 
 
 def _check_checkpoint(path: str) -> None:
+    """Read the checkpoint weights-only (no code from the file runs) before any rank starts."""
     if not os.path.exists(path):
         raise UsageError(f"meshshard evaluate: checkpoint not found: {path}")
     if not os.path.isfile(path):
         raise UsageError(f"meshshard evaluate: CHECKPOINT must be a file (got the folder {path})")
-    import torch
+    from ..errors import CheckpointError
+    from ..training import load_checkpoint
 
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # pickle, zip and torch errors all mean "not a checkpoint"
-        raise UsageError(
-            f"meshshard evaluate: {path} is not a checkpoint written by 'meshshard train' "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        ) from None
-    if not isinstance(ckpt, dict) or not {"model", "config"} <= set(ckpt):
-        raise UsageError(f"meshshard evaluate: {path} is not a checkpoint written by 'meshshard train' "
-                         "(no 'model' and 'config' entries)")
+        load_checkpoint(path)
+    except CheckpointError as exc:
+        raise UsageError(f"meshshard evaluate: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,9 +58,13 @@ def run(args: argparse.Namespace) -> int:
         return code
     import torch.distributed as dist
 
+    from ..errors import CheckpointError
     from ..training import evaluate
 
-    summary = evaluate(args.store, args.checkpoint, split=args.split, out=args.json)
+    try:
+        summary = evaluate(args.store, args.checkpoint, split=args.split, out=args.json)
+    except CheckpointError as exc:
+        raise UsageError(f"meshshard evaluate: {exc}") from None
     if not dist.is_initialized() or dist.get_rank() == 0:
         if not summary["runs"]:
             print(f"the store has no runs in the {args.split!r} split")

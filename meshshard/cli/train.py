@@ -16,7 +16,7 @@ from ._common import (
     positive_float,
     positive_int,
 )
-from ._launch import ranks, relaunch
+from ._launch import ranks, relaunch, under_torchrun
 
 __all__ = ["register", "run"]
 
@@ -65,12 +65,10 @@ def run(args: argparse.Namespace) -> int:
     check_out_folder("train", args.out)
     if args.arch != "meshgraphnet":
         model_config("train", args)  # the Transolver options are consistent, before any rank starts
-    code = relaunch(args)
-    if code is not None:
-        return code
-    from ..training import TrainConfig, train
+    from ..errors import CheckpointError
+    from ..training import TrainConfig, check_resume, train
 
-    train(TrainConfig(
+    cfg = TrainConfig(
         store=args.store,
         out=args.out,
         steps=args.steps,
@@ -89,5 +87,14 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         arch=args.arch,
         knn_k=args.knn_k,
-    ))
+    )
+    try:
+        if args.resume and not under_torchrun():
+            check_resume(cfg)  # a checkpoint that cannot be resumed stops here, before any rank starts
+        code = relaunch(args)
+        if code is not None:
+            return code
+        train(cfg)
+    except CheckpointError as exc:
+        raise UsageError(f"meshshard train: --resume: {exc}") from None
     return 0

@@ -133,6 +133,8 @@ def _npz_member(path: Path, name: str) -> NpyHeader | None:
             raise DatasetError(f"{path}: {name} has unsupported .npy version {version}")
         shape, fortran, dtype = read_header[version](f)
         offset = f.tell()
+    if np.dtype(dtype).hasobject:  # Python objects: a pickle inside, never read
+        raise DatasetError(f"{path}: array {name!r} holds Python objects (dtype object); expected numbers")
     if fortran:
         return None
     return NpyHeader(tuple(shape), np.dtype(dtype), offset)
@@ -177,8 +179,7 @@ class CuratorRun:
         header = self._header(name)
         if header is not None:
             return header.shape
-        with np.load(self.path) as npz:
-            return tuple(npz[name].shape)
+        return tuple(self._load_member(name).shape)
 
     def chunk_rows(self, name: str) -> int:
         """Rows per storage chunk of ``name`` (1 for an ``.npz``: any row range is one read)."""
@@ -195,16 +196,24 @@ class CuratorRun:
         self.require(name)
         if self.format == "zarr":
             array = self._group[name]
+            if np.dtype(array.dtype).hasobject:  # decoding would unpickle: refused before any chunk is read
+                raise DatasetError(f"{self.path}: array {name!r} holds Python objects (dtype object); expected numbers")
             return np.asarray(array[slice(start, stop)])
         header = self._header(name)
         if header is None:  # compressed member: no byte range to seek to
-            with np.load(self.path) as npz:
-                return np.asarray(npz[name])[slice(start, stop)]
+            return self._load_member(name)[slice(start, stop)]
         if not header.shape:  # a 0-d metadata scalar
-            with np.load(self.path) as npz:
-                return np.asarray(npz[name])
+            return self._load_member(name)
         lo, hi, _ = slice(start, stop).indices(header.shape[0])
         return read_rows(self.path, lo, max(lo, hi), header)
+
+    def _load_member(self, name: str) -> np.ndarray:
+        """A whole ``.npz`` member, numbers only: a member of Python objects is refused, never unpickled."""
+        with np.load(self.path, allow_pickle=False) as npz:
+            try:
+                return np.asarray(npz[name])
+            except ValueError as err:  # numpy: "Object arrays cannot be loaded when allow_pickle=False"
+                raise DatasetError(f"{self.path}: array {name!r} cannot be read as numbers ({err})") from None
 
     def constant(self, key: str) -> float:
         """``stream_velocity`` or ``air_density`` from the run's metadata."""
@@ -214,8 +223,7 @@ class CuratorRun:
         else:
             value = None
             if key in self.arrays:
-                with np.load(self.path) as npz:
-                    value = npz[key].item()
+                value = self._load_member(key).item()
         if value is None:
             where = "attributes 'physics_constants' or top level" if self.format == "zarr" else "scalar arrays"
             raise DatasetError(f"{self.path.name}: metadata {key!r} missing (looked in {where})")

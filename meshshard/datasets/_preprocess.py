@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import time
 import uuid
@@ -63,6 +64,7 @@ import torch
 
 from .._checks import check_positive_int
 from .._config import PARTITION_METHODS
+from ..errors import DatasetError
 from ._curator import CuratorDrivaerML
 from ._sdf import resolve_backend, signed_distance
 from ._store import (
@@ -129,7 +131,39 @@ def load_meta(store: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"store: {path} is not a {STORE_FORMAT} store (got a JSON {type(meta).__name__})")
     if meta.get("format") != STORE_FORMAT:
         raise ValueError(f"store: {path} is not a {STORE_FORMAT} store (format {meta.get('format')!r})")
+    _check_file_names(meta, path)
     return meta
+
+
+#: A name the metadata gives to a file or folder inside the store: no separator, not ``.``/``..``.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
+
+
+def _check_file_names(meta: dict[str, Any], path: Path) -> None:
+    """The metadata entries that become paths (runs, kinds, field names, point orders) stay inside the store.
+
+    Readers build ``runs/run_<run>/<kind>/<order>/<field>.npy`` from them, so each must be a
+    plain name (and a run an int): a crafted ``meta.json`` cannot make a reader open files
+    outside the store.
+    """
+    names: list[tuple[str, Any]] = [("kinds", k) for k in meta.get("kinds") or []]
+    fields_of = meta.get("fields") or {}
+    names += [("fields", k) for k in fields_of]
+    names += [(f"fields[{k!r}]", f) for k, fs in fields_of.items() if isinstance(fs, Mapping | list) for f in fs]
+    order_of = meta.get("order_of") or {}
+    names += [("order_of", v) for v in (order_of.values() if isinstance(order_of, Mapping) else [order_of])]
+    bad = [(where, n) for where, n in names if not isinstance(n, str) or not _FILE_NAME.match(n)]
+    splits = meta.get("splits") or {}
+    for split, runs in splits.items() if isinstance(splits, Mapping) else [("splits", splits)]:
+        for run in runs if isinstance(runs, list) else [runs]:
+            if isinstance(run, bool) or not isinstance(run, int) or run < 0:
+                bad.append((f"splits[{split!r}]", run))
+    if bad:
+        where, name = bad[0]
+        raise DatasetError(
+            f"store: {path}: {where} holds {name!r}, which is not a plain file name (expected letters, digits, "
+            "'_', '.', '+', '-'; runs as non-negative ints): store paths cannot point outside the store"
+        )
 
 
 def order_key(chain: Sequence[int]) -> str:

@@ -126,6 +126,8 @@ def read_npy_header(path: Path) -> NpyHeader:
         offset = f.tell()
     if fortran:
         raise ValueError(f"{path}: Fortran-ordered arrays are not supported in a store")
+    if np.dtype(dtype).hasobject:  # a pickle inside: never read
+        raise ValueError(f"{path}: store arrays hold numbers (found dtype object, i.e. Python objects)")
     return NpyHeader(tuple(shape), np.dtype(dtype), offset)
 
 

@@ -72,11 +72,19 @@ def slice_sums(weights: torch.Tensor, features: torch.Tensor) -> tuple[torch.Ten
     **Shapes:** ``weights`` ``(..., N_local, M)``, ``features`` ``(..., N_local, C)`` ->
     ``(..., M, C)`` and ``(..., M)`` as plain tensors.
 
+    **Precision:** half-precision operands (float16, bfloat16, also under autocast) are summed in
+    float32 and the sums returned in float32: ``sum_n w`` grows like ``N / M``, past float16's
+    largest value (65504) from about a million points at 16 slices, and an overflowed sum makes
+    the tokens ``inf / inf = NaN``. float32 and float64 are summed in their own dtype.
+
     **Communication:** none.
     """
     _check_pair(weights, features)
     w, f = local_of(weights), local_of(features)
-    return torch.matmul(w.transpose(-1, -2), f), w.sum(dim=-2)
+    acc = torch.promote_types(torch.promote_types(w.dtype, f.dtype), torch.float32)
+    with torch.autocast(w.device.type, enabled=False):  # autocast would run the matmul in float16 again
+        w, f = w.to(acc), f.to(acc)
+        return torch.matmul(w.transpose(-1, -2), f), w.sum(dim=-2)
 
 
 def finish_slice_tokens(
@@ -154,4 +162,6 @@ def slice_tokens(weights: torch.Tensor, features: torch.Tensor, eps: float = 1e-
     """
     spec = _check_pair(weights, features)
     sum_wf, sum_w = slice_sums(weights, features)
-    return finish_slice_tokens(sum_wf, sum_w, eps, spec)
+    tokens = finish_slice_tokens(sum_wf, sum_w, eps, spec)
+    # normalised tokens are of the features' size again: back to their dtype (a no-op from float32 up)
+    return tokens.to(torch.promote_types(weights.dtype, features.dtype))

@@ -99,6 +99,7 @@ def _worker_main(
                 if p not in sys.path:
                     sys.path.insert(0, p)
             try:
+                # Unpickles only what this pool's own parent sent over its private pipe (never a file).
                 fn, args, kwargs = pickle.loads(payload)
                 result = fn(*args, **kwargs)
                 conn.send(("ok", pickle.dumps(result)))
@@ -197,6 +198,7 @@ class WorkerPool:
                     failures[rank] = RankFailure(rank, "died", f"worker process exited (exit code {code})")
                     continue
                 if reply[0] == "ok":
+                    # Unpickles only what this pool's own worker sent over its private pipe (never a file).
                     results[rank] = pickle.loads(reply[1])
                 else:
                     failures[rank] = RankFailure(rank, "exception", reply[1], reply[2])

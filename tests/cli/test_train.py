@@ -19,7 +19,7 @@ from meshshard.cli import main
 from meshshard.cli._common import model_config
 from meshshard.nn import TransolverConfig
 from tests._crash_hook import crash_env
-from tests.cli._helpers import STEPS, log, train
+from tests.cli._helpers import STEPS, code_running_checkpoint, log, snapshot, train
 
 
 # -- Transolver: world sizes, resume ---------------------------------------------------------------------
@@ -76,6 +76,24 @@ def test_store_not_found_is_a_usage_error(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "store not found" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_resume_from_a_checkpoint_that_would_run_code_is_refused_and_changes_nothing(train_store, tmp_path, capsys):
+    out, marker = tmp_path / "run", tmp_path / "PWNED"
+    out.mkdir()
+    code_running_checkpoint(out / "checkpoint.pt", marker)
+    (out / "log.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    before = snapshot(out)
+    says = f"meshshard train: --resume: {out / 'checkpoint.pt'} is not a meshshard checkpoint: loading it would need"
+    for nproc in ("1", "2"):  # refused before any rank starts
+        with pytest.raises(SystemExit) as info:
+            main(["train", str(train_store), "--out", str(out), "--resume", "--nproc", nproc, "--steps", "2"])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(says) and len(err.strip().splitlines()) == 1, err
+    res = train(train_store, out, 2, "--resume")  # the installed command, as a user runs it
+    assert res.returncode == 2 and res.stderr.startswith(says) and len(res.stderr.strip().splitlines()) == 1
+    assert not marker.exists() and snapshot(out) == before
 
 
 def test_zero_steps_is_a_usage_error(capsys):

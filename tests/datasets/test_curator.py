@@ -365,3 +365,25 @@ def test_read_sharded_reads_only_the_ranks_chunks(
             extra = 0 if kind == "surface" else 3 * stl_bytes
             assert (stop - start) * row_bytes <= res["read_bytes"] <= (stop - start) * row_bytes + extra
         np.testing.assert_array_equal(res["full_pos"], whole["pos"].astype(np.float32))
+
+
+class _CreatesAFile:
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("save", [np.savez, np.savez_compressed])
+def test_an_npz_member_of_python_objects_is_refused_and_never_unpickled(tmp_path, save):
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "run_1.npz"
+    save(path, surface_mesh_centers=np.array([_CreatesAFile(marker)], dtype=object), air_density=np.array(1.2))
+    run = CuratorRun(path)
+    with pytest.raises(DatasetError, match=r"run_1.npz: array 'surface_mesh_centers' .*(Python objects|as numbers)"):
+        run.read("surface_mesh_centers")
+    with pytest.raises(DatasetError, match="surface_mesh_centers"):
+        run.shape("surface_mesh_centers")
+    assert run.constant("air_density") == pytest.approx(1.2)
+    assert not marker.exists()

@@ -188,3 +188,19 @@ def test_stats_json_round_trip(tiny_store: Path) -> None:
     stats = FieldStats.from_json(info["kinds"]["surface"]["stats"]["pos"])
     pos = np.load(tiny_store / "runs" / "run_1" / "surface" / "p4" / "pos.npy").astype(np.float64)
     np.testing.assert_allclose(stats.mean, pos.mean(axis=0), rtol=1e-12)
+
+
+ESCAPES = {
+    "order_of": lambda m: {**m, "order_of": {"1": "../../outside"}},
+    "kinds": lambda m: {**m, "kinds": ["/etc"]},
+    "fields": lambda m: {**m, "fields": {**m["fields"], "surface": {"../x": {}}}},
+    "splits": lambda m: {**m, "splits": {**m["splits"], "train": ["1/../../x"]}},
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ESCAPES))
+def test_store_metadata_cannot_name_files_outside_the_store(tiny_store, tmp_path, entry):
+    meta = load_meta(tiny_store)  # a real store passes
+    (tmp_path / "meta.json").write_text(json.dumps(ESCAPES[entry](meta)))
+    with pytest.raises(ValueError, match=rf"meta.json: {entry}.* is not a plain file name .*cannot point outside"):
+        load_meta(tmp_path)

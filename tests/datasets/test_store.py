@@ -254,3 +254,10 @@ def test_a_store_whose_run_was_left_as_a_backup_stays_readable_and_preprocess_re
                         progress=False)  # fmt: skip
     assert report.ok and report.skipped == [1, 2, 3] and report.processed == []
     assert (store / "runs" / "run_1" / "run.json").is_file() and not (store / "runs" / ".old-run_1").exists()
+
+
+def test_an_npy_of_python_objects_is_refused_before_any_read(tmp_path):
+    path = tmp_path / "pos.npy"
+    np.save(path, np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match=r"pos.npy: store arrays hold numbers \(found dtype object"):
+        read_npy_header(path)

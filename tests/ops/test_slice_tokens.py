@@ -112,3 +112,22 @@ def _mixed_operands():
 def test_mixed_sharded_and_plain_operands_raise():
     msgs = run_distributed(_mixed_operands, 2)
     assert all("both be ShardTensors or both be plain" in m for m in msgs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_sums_do_not_overflow_at_real_sizes(dtype):
+    """sum_n w passes float16's 65504 at 100k points in one slice: summed in float32, tokens finite (issue 32)."""
+    n = 100_000
+    w = torch.rand(1, n, 2, generator=torch.Generator().manual_seed(0)).softmax(-1)
+    f = torch.rand(1, n, 3, generator=torch.Generator().manual_seed(1))
+    ref = slice_tokens(w.double(), f.double())
+    for autocast in (False, True):
+        if autocast:  # the model's Linear layers hand float16 operands over under autocast
+            with torch.autocast("cpu", dtype):
+                got = slice_tokens(torch.nn.functional.linear(w, torch.eye(2)), torch.nn.functional.linear(f, torch.eye(3)))
+        else:
+            got = slice_tokens(w.to(dtype), f.to(dtype))
+        assert got.dtype == dtype and torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), ref, rtol=2e-2, atol=2e-2)
+    wf, sw = slice_sums(w.to(dtype), f.to(dtype))
+    assert wf.dtype == sw.dtype == torch.float32 and float(sw.sum()) == pytest.approx(n, rel=1e-3)
