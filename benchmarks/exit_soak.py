@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "exit_soak.json")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as hung")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped early: still kill the hogs, keep the counts
 
     env = probe_env({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                      "VTK_DEFAULT_OPENGL_WINDOW": "vtkEGLRenderWindow",
@@ -110,8 +112,11 @@ def main() -> int:
         tour = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "tour.py"]
         hogs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(args.hogs)]
         try:
-            plan = [("tour", i) for i in range(args.tour)] + [("train", i) for i in range(args.train)]
-            for kind, i in plan:
+            # interleaved (tour, train, tour, ...), so a soak stopped early has counts of both
+            plan = sorted([("tour", i, i / max(args.tour, 1)) for i in range(args.tour)]
+                          + [("train", i, (i + 0.5) / max(args.train, 1)) for i in range(args.train)],
+                          key=lambda p: p[2])
+            for kind, i, _ in plan:
                 if kind == "tour":
                     cmd = tour
                 else:

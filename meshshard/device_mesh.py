@@ -28,14 +28,17 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 #: Meshes made by :func:`init_mesh` or sharded over (:func:`axis_group_rank`): released at exit.
-_MESHES: weakref.WeakSet[DeviceMesh] = weakref.WeakSet()
+#: Keyed by identity: equal meshes (same layout) are distinct objects, each with its own registry.
+_MESHES: dict[int, weakref.ref[DeviceMesh]] = {}
 _AXIS_CACHE = "_meshshard_axis_cache"
 _hook_registered = False
 
 
 def _remember(mesh: DeviceMesh) -> None:
     global _hook_registered
-    _MESHES.add(mesh)
+    key = id(mesh)
+    if key not in _MESHES:  # the callback forgets a mesh when it dies, before its id can be reused
+        _MESHES[key] = weakref.ref(mesh, lambda _, key=key: _MESHES.pop(key, None))
     if not _hook_registered:
         atexit.register(release_groups)
         _hook_registered = True
@@ -72,7 +75,10 @@ def release_groups() -> None:
         if {part.split(":")[-1].strip() for part in config.split(",")} != {"gloo"}:
             return
         dist.destroy_process_group()
-    for mesh in list(_MESHES):
+    for ref in list(_MESHES.values()):
+        mesh = ref()
+        if mesh is None:
+            continue
         registry = getattr(mesh, "_pg_registry", None)
         if isinstance(registry, dict):
             registry.clear()

@@ -50,10 +50,15 @@ from torch.distributed.device_mesh import init_device_mesh
 import meshshard as ms
 
 
+KEEP = []                                           # alive until finalization, as module globals are
+
+
 def main():
     mesh = {mesh}
+    KEEP.extend([mesh, {mesh}])                     # two equal meshes, distinct objects, each with its registry
     rank = dist.get_rank()
     x = ms.ShardTensor.from_local(torch.ones(3 + rank, 2), mesh, sizes=[3, 4])
+    assert float(ms.ShardTensor.from_local(torch.ones(3 + rank, 2), KEEP[1], sizes=[3, 4]).sum()) == 14.0
     total = float((x * 2).sum())                    # an all-reduce
     assert total == 28.0, total
     w = torch.ones(2, requires_grad=True)
