@@ -7,7 +7,11 @@ meshshard shards points over one axis of a ``torch.distributed`` :class:`DeviceM
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+import sys
+import weakref
 from datetime import timedelta
 
 import torch
@@ -16,11 +20,89 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from . import comm
 
-__all__ = ["init_mesh", "mesh_device_type", "DEFAULT_TIMEOUT_S"]
+__all__ = ["init_mesh", "mesh_device_type", "axis_group_rank", "release_groups", "DEFAULT_TIMEOUT_S"]
 
 #: Process-group timeout used by :func:`init_mesh` when it creates the process group
 #: (override with ``MESHSHARD_TIMEOUT`` seconds): a rank stuck in a collective raises after it.
 DEFAULT_TIMEOUT_S = 300.0
+
+
+#: Meshes made by :func:`init_mesh` or sharded over (:func:`axis_group_rank`): released at exit.
+#: Keyed by identity: equal meshes (same layout) are distinct objects, each with its own registry.
+_MESHES: dict[int, weakref.ref[DeviceMesh]] = {}
+_AXIS_CACHE = "_meshshard_axis_cache"
+_hook_registered = False
+
+
+def _remember(mesh: DeviceMesh) -> None:
+    global _hook_registered
+    key = id(mesh)
+    if key not in _MESHES:  # the callback forgets a mesh when it dies, before its id can be reused
+        _MESHES[key] = weakref.ref(mesh, lambda _, key=key: _MESHES.pop(key, None))
+    if not _hook_registered:
+        atexit.register(release_groups)
+        _hook_registered = True
+
+
+def axis_group_rank(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
+    """(process group, local rank) of a mesh axis, cached on the mesh: looked up on every op."""
+    cache = mesh.__dict__.get(_AXIS_CACHE)
+    if cache is None:
+        cache = mesh.__dict__[_AXIS_CACHE] = {}
+        _remember(mesh)
+    hit = cache.get(mesh_dim)
+    if hit is None:
+        hit = cache[mesh_dim] = (mesh.get_group(mesh_dim), mesh.get_local_rank(mesh_dim))
+    return hit
+
+
+def release_groups() -> None:
+    """Destroy the process groups at exit, so that their native threads end before finalization.
+
+    Registered with ``atexit`` by the first :func:`init_mesh` (or sharded op); calling it earlier is
+    allowed once the work is done. A still-initialized gloo group is destroyed (a local operation; an
+    NCCL group is left to its owner). Once no group is initialized, the meshes meshshard knows drop
+    their references to the destroyed groups and garbage is collected, which destroys the backends
+    and joins their threads (see the module docstring).
+    """
+    if not dist.is_available():
+        return
+    if dist.is_initialized():
+        try:  # "gloo", or per device: "cpu:gloo,cuda:nccl" (get_backend() says "undefined" for the latter)
+            config = str(dist.get_backend_config())
+        except Exception:
+            return
+        if {part.split(":")[-1].strip() for part in config.split(",")} != {"gloo"}:
+            return
+        dist.destroy_process_group()
+    for ref in list(_MESHES.values()):
+        mesh = ref()
+        if mesh is None:
+            continue
+        registry = getattr(mesh, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
+        mesh.__dict__.pop(_AXIS_CACHE, None)
+    _unpin_world_defaults()
+    gc.collect()
+
+
+def _unpin_world_defaults() -> None:
+    """Drop the world group that ``torch.distributed.nn.functional`` keeps as its functions' default argument.
+
+    Its functions are defined with ``group=group.WORLD``, evaluated when the module is first imported;
+    it is imported late (building an optimizer imports ``torch._dynamo``, which imports it), so after
+    ``init_process_group`` the defaults hold the world group for good. Called once the group is
+    destroyed: ``None`` (what they hold when imported before) means the default group there too.
+    """
+    module = sys.modules.get("torch.distributed.nn.functional")
+    if module is None:
+        return
+    for fn in list(vars(module).values()):
+        defaults = getattr(fn, "__defaults__", None)
+        if getattr(fn, "__module__", None) == module.__name__ and defaults and \
+                any(isinstance(d, dist.ProcessGroup) for d in defaults):
+            fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in defaults)
 
 
 def mesh_device_type() -> str:
@@ -87,4 +169,6 @@ def init_mesh(
     if int(torch.tensor(shape).prod()) != world:
         raise ValueError(f"mesh shape {shape} has {int(torch.tensor(shape).prod())} ranks but the world has {world}")
     names = ("domain",) if len(shape) == 1 else ("dp", "domain")
-    return init_device_mesh(mesh_device_type(), shape, mesh_dim_names=names)
+    mesh = init_device_mesh(mesh_device_type(), shape, mesh_dim_names=names)
+    _remember(mesh)
+    return mesh

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from tests._torchrun import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -49,6 +48,6 @@ def test_readme_block_runs(index, tmp_path):
     script.write_text(block)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VTK_DEFAULT_OPENGL_WINDOW": "vtkEGLRenderWindow",
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res, first = run_script(_command(block, script), cwd=tmp_path, env=env, timeout=800)
-    assert res.returncode == 0, f"README block {index} failed:\n{block}\n{first}--- stdout\n{res.stdout[-3000:]}\n" \
+    res = subprocess.run(_command(block, script), cwd=tmp_path, env=env, timeout=800, capture_output=True, text=True)
+    assert res.returncode == 0, f"README block {index} failed:\n{block}\n--- stdout\n{res.stdout[-3000:]}\n" \
                                 f"--- stderr\n{res.stderr[-5000:]}"

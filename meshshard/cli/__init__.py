@@ -11,19 +11,11 @@ Only the standard library is imported to build the parser, so ``meshshard --help
 ``meshshard COMMAND --help`` answer without importing torch, VTK or numpy; each command imports
 what it needs when it runs.
 
-Exit of a ``torchrun`` rank: after the command returned (or raised, once the traceback is printed and
-the failure reported to the other ranks), a rank leaves with ``os._exit`` instead of a normal
-interpreter shutdown. A 2-rank ``train`` on a heavily loaded machine died at exit with SIGABRT,
-"terminate called without an active exception": ``std::terminate`` with no C++ exception, which at
-exit means a native thread was unwound through a ``noexcept`` frame (a thread that takes the GIL
-while the interpreter finalizes is ended with ``pthread_exit``) or a joinable ``std::thread`` was
-destroyed by static destructors. The gloo backend's threads are such native threads, and they
-outlive ``destroy_process_group`` (checked: its two worker threads and its TCP loop thread are
-still running at ``atexit`` time, as references to the group remain); each worker keeps its last
-collective (``workInProgress_``), with tensors that have Python objects, until it is scheduled
-again, which a starved CPU delays into the finalization window.
-A rank has nothing left to do at that point (its files are written and closed, stdout and stderr
-are flushed), so it skips finalization and static destructors altogether, and the race with them.
+Exit of a ``torchrun`` rank: a rank whose command succeeded exits normally (its ``atexit`` hooks run;
+:mod:`meshshard.device_mesh` destroys the process groups there, before finalization, which is what
+keeps gloo's threads from aborting the process at exit). A rank that failed, once the traceback is
+printed and the failure reported to the other ranks, leaves with ``os._exit``: its peers may be stuck
+in a collective with it, and a normal exit would wait for its own pending collectives.
 """
 
 from __future__ import annotations
@@ -105,7 +97,7 @@ def console_main() -> NoReturn:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    if rank:
+    if rank and code != 0:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

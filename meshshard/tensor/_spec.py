@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from .._sizes import offsets_of
+from ..device_mesh import axis_group_rank
 
 __all__ = ["ShardSpec", "offsets_of"]
 
@@ -131,15 +132,6 @@ class ShardSpec:
         shape = list(global_shape)
         shape[self.dim if dim is None else dim] = self.local_length()
         return shape
-
-
-def axis_group_rank(mesh: DeviceMesh, mesh_dim: int) -> tuple[dist.ProcessGroup, int]:
-    """(process group, local rank) of a mesh axis, cached on the mesh: looked up on every op."""
-    cache = mesh.__dict__.setdefault("_meshshard_axis_cache", {})
-    hit = cache.get(mesh_dim)
-    if hit is None:
-        hit = cache[mesh_dim] = (mesh.get_group(mesh_dim), mesh.get_local_rank(mesh_dim))
-    return hit
 
 
 def as_sizes(value: Any, name: str, check_sign: bool = True) -> tuple[int, ...]:

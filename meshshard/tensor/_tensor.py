@@ -44,10 +44,11 @@ from torch.distributed.tensor import DTensor
 
 from .. import comm, faults
 from .._sizes import offsets_of
+from ..device_mesh import axis_group_rank
 from ..errors import ShardingError, UnsupportedOpError
 from ..partition._partition import Partition
 from ._dispatch import bind, dispatch, op_name
-from ._spec import ShardSpec, as_sizes, axis_group_rank, norm_mesh_dim
+from ._spec import ShardSpec, as_sizes, norm_mesh_dim
 
 __all__ = ["ShardTensor", "ReplicatedTensor", "scatter", "validate_enabled"]
 

@@ -59,11 +59,26 @@ def run_distributed(
         If any rank raised, died, or did not answer within ``2 * timeout + 30`` seconds.
     """
     timeout = _default_timeout() if timeout is None else float(timeout)
+    return _pool_for(world_size, backend, timeout).run(fn, *args, deadline=2 * timeout + 30.0, **kwargs)
+
+
+def _pool_for(world_size: int, backend: str | None, timeout: float) -> WorkerPool:
+    """The pool of ``world_size`` ranks for a call with this process-group ``timeout``.
+
+    A timeout shorter than the default is what a fault test measures, so it gets a pool of its own;
+    a default or longer one only bounds a hang (the call's deadline stays ``2 * timeout + 30``), so an
+    open pool with at least that timeout serves it rather than starting ``world_size`` more processes.
+    """
     key = (world_size, backend, timeout)
     pool = _POOLS.get(key)
-    if pool is None or pool.closed:
-        pool = _POOLS[key] = WorkerPool(world_size, backend=backend, timeout=timeout)
-    return pool.run(fn, *args, **kwargs)
+    if pool is not None and not pool.closed:
+        return pool
+    if timeout >= _default_timeout():
+        for (world, back, limit), other in _POOLS.items():
+            if world == world_size and back == backend and limit >= timeout and not other.closed:
+                return other
+    pool = _POOLS[key] = WorkerPool(world_size, backend=backend, timeout=timeout)
+    return pool
 
 
 def shutdown_pools() -> None:

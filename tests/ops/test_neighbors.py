@@ -11,12 +11,11 @@ from hypothesis import strategies as st
 
 import meshshard as ms
 from meshshard.errors import ShardingError
-from meshshard.kernels import torch_cluster_available
 from meshshard.ops import Neighbors, ball_query, knn
 from meshshard.partition import partition
 from meshshard.testing import run_distributed
 
-from ..kernels._helpers import BACKENDS, OWN_BACKENDS, grid_cloud
+from ..kernels._helpers import BACKENDS, OWN_BACKENDS, grid_cloud, needs_torch_cluster
 
 
 # -- reference: brute force on the gathered points ----------------------------------------------------
@@ -193,7 +192,7 @@ def test_knn_bad_k():
         knn(torch.zeros(3, 3), None, 0)
 
 
-@pytest.mark.skipif(not torch_cluster_available(), reason="torch-cluster not installed")
+@needs_torch_cluster
 def test_torch_cluster_backend_truncation_normalised():
     pts = grid_cloud(200, 5)
     got = ball_query(pts, None, 0.5, 3, backend="torch_cluster").index
