@@ -418,9 +418,13 @@ def _interpolate(func, args, kwargs):
     nd, d, mode = ndim(x), spec.dim, a["mode"]
     out_meta = _probe(func, a)
     k = nd - 2
-    if d < 2:  # batch or channels: local
+    if d < 2:  # batch or channels: local (torch refuses no channels: an empty shard runs on one zero channel)
+        local = x.to_local()
         with no_subclass():
-            out = func(**{key: local_of(v) for key, v in a.items()})
+            empty = local.shape[d] == 0
+            out = func(**{**a, "input": _connected(local, d, 1) if empty else local})
+            if empty:
+                out = out.narrow(d, 0, 0)
         return wrap(out, spec, d)
     ax = d - 2
     if mode not in ("nearest", "nearest-exact", *_LINEAR) or a["antialias"]:
