@@ -3,6 +3,12 @@ window attention over a Morton-ordered cloud, all equal to single process (forwa
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -325,3 +331,76 @@ def _bad_args():
 def test_bad_arguments_raise_torchs_error_on_every_rank_from_the_global_shape():
     out = run_distributed(_bad_args, 2)
     assert out[0] == ["RuntimeError"] * 3 and out[1] == out[0]
+
+
+# -- PhysicsNeMo's Transolver in structured-grid mode (conv2d 3x3 over the (H, W) grid), unchanged ---------------
+# The --no-deps folder of shared/THIRD_PARTY_MODELS.md; MESHSHARD_PHYSICSNEMO_SITE names it.
+PHYSICSNEMO_SITE = os.environ.get("MESHSHARD_PHYSICSNEMO_SITE", "")
+
+
+class _Stub(type):
+    def __getattr__(cls, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Stub(attr, (), {})
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """torchvision and s3fs are imported at module level by PhysicsNeMo/timm files the Transolver does not use."""
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torchvision", "s3fs"):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = lambda attr: _Stub.__getattr__(_Stub, attr)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def _structured_transolver(world: int, rows: list[int]):
+    os.environ["PHYSICSNEMO_FORCE_TE"] = "False"
+    if PHYSICSNEMO_SITE not in sys.path:
+        sys.path.insert(0, PHYSICSNEMO_SITE)
+    sys.meta_path.insert(0, _StubFinder())
+    from physicsnemo.models.transolver import Transolver
+
+    h, w = 12, 10
+    torch.manual_seed(0)
+    model = Transolver(functional_dim=3, out_dim=2, embedding_dim=2, n_layers=2, n_hidden=16, n_head=2, slice_num=4,
+                       mlp_ratio=2, structured_shape=(h, w), use_te=False).double()
+    fx, emb = _x(1, h * w, 3, seed=3), _x(1, h * w, 2, seed=6)
+    fr = fx.clone().requires_grad_(True)
+    ref = model(fr, emb)
+    ref.pow(2).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    mesh = ms.init_mesh()
+    rank = dist.get_rank()
+    sizes = [r * w for r in rows]  # the tokens (h w) sharded along h
+    off = sum(sizes[:rank])
+    local = fx[:, off : off + sizes[rank]].clone().requires_grad_(True)
+    x = ms.ShardTensor.from_local(local, mesh, sizes=sizes, dim=1)
+    e = ms.ShardTensor.from_local(emb[:, off : off + sizes[rank]].clone(), mesh, sizes=sizes, dim=1)
+    out = model(x, e)
+    out.pow(2).sum().backward()
+    ms.nn.sync_gradients(model, mesh)
+    fwd = torch.allclose(out.full_tensor().to_plain(), ref, rtol=1e-9, atol=1e-11)
+    gin = torch.allclose(local.grad, fr.grad[:, off : off + sizes[rank]], rtol=1e-9, atol=1e-11)
+    gpar = all(torch.allclose(p.grad, ref_grads[n], rtol=1e-8, atol=1e-11) for n, p in model.named_parameters())
+    return fwd, gin, gpar
+
+
+@pytest.mark.skipif(not PHYSICSNEMO_SITE or not os.path.isdir(os.path.join(PHYSICSNEMO_SITE, "physicsnemo")),
+                    reason="PhysicsNeMo 2.2.2 not installed: set MESHSHARD_PHYSICSNEMO_SITE to the --no-deps folder "
+                           "of shared/THIRD_PARTY_MODELS.md")
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_physicsnemo_transolver_structured_grid_sharded_along_h(world_size):
+    rows = {1: [12], 2: [5, 7], 3: [4, 0, 8]}[world_size]
+    out = run_distributed(_structured_transolver, world_size, world_size, rows, timeout=300)
+    assert out == [(True, True, True)] * world_size
