@@ -6,6 +6,7 @@ from . import (  # noqa: F401  (registration side effects)
     _attention,
     _conv,
     _distance,
+    _grid,
     _index,
     _local,
     _loss,
