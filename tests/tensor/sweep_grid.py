@@ -1,7 +1,7 @@
 """The OpInfo sweep (``test_opinfo_sweep._sweep``) restricted to the row-halo grid ops, on 3 gloo ranks.
 
 ``python tests/tensor/sweep_grid.py [substring ...]`` prints every case's verdict; each must be ``exact``
-or ``raises`` (exit 1 otherwise). ``rules/test_grid.py::test_opinfo_sweep_grid_ops`` runs the same check.
+or ``raises`` (exit 1 otherwise); the full sweep (test_opinfo_sweep.py) runs the same ops among all others.
 """
 
 from __future__ import annotations
