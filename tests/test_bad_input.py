@@ -638,6 +638,12 @@ CASES = [
         V,
         r"edge_index must be an integer tensor of shape \(2, E\)",
     ),
+    (
+        "shard_edges/plain nodes",
+        lambda e: ms.ops.shard_edges(torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 2)),
+        T,
+        r"nodes must be a ShardTensor sharded along dim 0 \(got Tensor\)",
+    ),
     ("cells_to_edges/float", lambda e: ms.ops.cells_to_edges(torch.zeros(3, 3)), T, r"cells must be an integer tensor"),
     (
         "simulate_graph_halo/float",
@@ -839,6 +845,7 @@ EXEMPT = {
     "ShardTensor": "constructed through ShardTensor.from_local / scatter / reshard, which have cases",
     "ReplicatedTensor": "a result type (reductions return it); no public constructor",
     "Neighbors": "a result type returned by ball_query / knn",
+    "ShardedEdges": "a result type returned by shard_edges",
     "MeshPartition": "a result type returned by partition_mesh",
     "PreprocessReport": "a result type returned by preprocess",
     "CommCounter": "takes no input: its fields are what it counts",
