@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (registration side effects)
     _loss,
     _norm,
     _reduce,
+    _scan,
     _scatter,
     _shape,
 )
