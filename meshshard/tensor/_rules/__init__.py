@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import (  # noqa: F401  (registration side effects)
     _attention,
+    _cat,
     _conv,
     _distance,
     _index,
@@ -14,4 +15,5 @@ from . import (  # noqa: F401  (registration side effects)
     _scan,
     _scatter,
     _shape,
+    _sort,
 )
