@@ -60,13 +60,15 @@ def cat_along_shard(func, tensors: list, d: int) -> ShardTensor:
     moves = any(piece(j, q, s)[0] < piece(j, q, s)[1] for j in range(len(specs)) for q in range(P)
                 for s in range(P) if q != s)
     locals_ = [t.to_local().movedim(d, 0).to(dtype) for t in tensors]
+    # no rows to send or keep: still in the graph of every operand, so this rank joins the backward
+    nothing = torch.cat([x.narrow(0, 0, 0) for x in locals_], 0)
     if not moves:  # every rank already holds its result rows: concatenate locally, operand order
         parts = []
         for j, x in enumerate(locals_):
             lo, hi = piece(j, rank, rank)
             if lo < hi:
                 parts.append(x.narrow(0, lo - base[j] - specs[j].offsets[rank], hi - lo))
-        out = torch.cat(parts or [locals_[0].narrow(0, 0, 0)], 0)
+        out = torch.cat(parts or [nothing], 0)
     else:
         send, send_sizes = [], []
         for dst in range(P):
@@ -86,7 +88,7 @@ def cat_along_shard(func, tensors: list, d: int) -> ShardTensor:
                     starts.append((lo, hi))
                     n += hi - lo
             recv_sizes.append(n)
-        buf = torch.cat(send, 0) if send else locals_[0].narrow(0, 0, 0)
+        buf = torch.cat(send, 0) if send else nothing
         got = comm.all_to_all(buf, send_sizes, recv_sizes, ref.group)
         # reorder the pieces by global position
         at, order = 0, []

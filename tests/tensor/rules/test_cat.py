@@ -22,7 +22,7 @@ CASES = {
     "cat_two": lambda S, P: torch.cat([S(_x(N, C)), S(_x(M, C, seed=5))], 0),
     "cat_three_batched": lambda S, P: torch.cat([S(_x(2, N, C), 1), S(_x(2, M, C, seed=5), 1),
                                                  S(_x(2, 3, C, seed=6), 1)], dim=1),
-    "cat_with_empty": lambda S, P: torch.cat([S(_x(0, C)), S(_x(M, C, seed=5)), S(_x(N, C))], 0),
+    "cat_with_one_row": lambda S, P: torch.cat([S(_x(1, C)), S(_x(M, C, seed=5)), S(_x(N, C))], 0),
     "cat_promotes": lambda S, P: torch.cat([S(torch.arange(N * C).reshape(N, C)), S(_x(M, C))], 0),
     "split_then_cat": lambda S, P: torch.cat(S(_x(N, C)).split(4), 0),
     "slices_then_cat_swapped": lambda S, P: (lambda x: torch.cat([x[5:], x[:5]], 0))(S(_x(N, C))),
