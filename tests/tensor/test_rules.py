@@ -144,8 +144,8 @@ def _error(kind):
         return torch.fft.fft(x)
     if kind == "plain_along_shard":
         return x + torch.ones(x.shape[0], 1)
-    if kind == "cat_shard_dim":
-        return torch.cat([x, x], dim=0)
+    if kind == "cat_shard_dim":  # along the points every operand must be a ShardTensor (a plain one is ambiguous)
+        return torch.cat([x, torch.ones(2, 2)], dim=0)
     if kind == "item":
         return x.sum(1).item()
     if kind == "linear_on_shard_dim":
@@ -160,7 +160,7 @@ def _error(kind):
         ("mismatch", r"ShardingError: \[rank 0\] torch.Tensor.add: operands are sharded differently"),
         ("unsupported", r"no sharding rule for torch.fft.fft.*to_local\(\)"),
         ("plain_along_shard", r"a plain tensor of shape \(5, 1\) spans the sharded dimension \(global length 5\)"),
-        ("cat_shard_dim", "concatenating along the sharded dim would interleave rows of different ranks"),
+        ("cat_shard_dim", "concatenating along the sharded dim needs every operand to be a ShardTensor"),
         ("item", "is ambiguous"),
         ("linear_on_shard_dim", "contracts the last dimension, which is the sharded one"),
         ("merge_reshape", r"would merge the sharded dim with the dims before it"),

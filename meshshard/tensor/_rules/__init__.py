@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import (  # noqa: F401  (registration side effects)
     _attention,
+    _cat,
     _conv,
     _distance,
     _grid,
@@ -13,6 +14,8 @@ from . import (  # noqa: F401  (registration side effects)
     _norm,
     _random,
     _reduce,
+    _scan,
     _scatter,
     _shape,
+    _sort,
 )

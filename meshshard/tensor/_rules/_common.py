@@ -145,3 +145,25 @@ def _replicated_here(plain: torch.Tensor, spec: ShardSpec) -> bool:
 
 def refuse(func: Callable, why: str, hint: str = "") -> UnsupportedOpError:
     return UnsupportedOpError(f"{op_name(func)} on a ShardTensor: {why}" + (f"; {hint}" if hint else ""))
+
+
+def dim_of(func: Callable, x: Any, dim: Any) -> int:
+    """The op's one ``dim`` (negative allowed) as a non-negative int, torch's ``IndexError`` when out of range."""
+    nd = ndim(x)
+    if dim is None or isinstance(dim, bool) or not hasattr(dim, "__index__") or not -max(nd, 1) <= int(dim) < max(
+            nd, 1):
+        raise IndexError(f"{op_name(func)}: dim {dim!r} is out of range for a {nd}-d tensor")
+    return int(dim) % max(nd, 1)
+
+
+def along_other_dim(func: Callable, args: tuple, kwargs: dict, x: ShardTensor, d: int, drops_dim: bool = False):
+    """An op along one non-sharded dim ``d`` (cumsum, sort, topk, ...): run on the local shard and wrap.
+
+    ``drops_dim``: the op removes ``d`` (``kthvalue``/``median`` without ``keepdim``).
+    """
+    if len(shard_args(args, kwargs)) != 1:
+        raise refuse(func, "only the first operand may be a ShardTensor")
+    with no_subclass():
+        out = func(*args, **kwargs)
+    sd = x._spec.dim
+    return wrap(out, x._spec, sd - 1 if drops_dim and d < sd else sd)

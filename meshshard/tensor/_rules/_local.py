@@ -18,7 +18,7 @@ from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
 from .._tensor import ShardTensor, wrap_shard
-from ._common import common_spec, ndim, plain_along_shard, refuse, shard_args, wrap
+from ._common import common_spec, ndim, plain_along_shard, refuse, wrap
 
 T = torch.Tensor
 
@@ -301,41 +301,3 @@ def _group_norm(func, args, kwargs):
     with no_subclass():
         out = func(*args, **kwargs)
     return wrap(out, x._spec, 0)
-
-
-# op -> (parameter names, defaults): ops along one ``dim`` that are local when it is not the sharded one
-_DIM_OPS = {
-    (torch.cumsum, T.cumsum, torch.cumprod, T.cumprod): (("input", "dim"), {}, ("dtype",)),
-    (torch.cummax, T.cummax, torch.cummin, T.cummin, torch.logcumsumexp, T.logcumsumexp): (("input", "dim"), {}, ()),
-    (torch.sort, T.sort): (("input", "dim", "descending"), {"dim": -1}, ("stable",)),
-    (torch.argsort, T.argsort): (("input", "dim", "descending"), {"dim": -1}, ("stable",)),
-    (torch.topk, T.topk): (("input", "k", "dim", "largest", "sorted"), {"dim": -1}, ()),
-    (torch.kthvalue, T.kthvalue): (("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False}, ()),
-}
-_DIM_SIGNATURE = {f: sig for funcs, sig in _DIM_OPS.items() for f in funcs}
-
-
-def _dim_local(func, args, kwargs):
-    """Ops along one non-sharded ``dim`` (cumsum, sort, topk, normalize, ...): local."""
-    names, defaults, kwonly = _DIM_SIGNATURE[func]
-    a = bind(func, args, kwargs, names, defaults, kwonly=kwonly)
-    x = a["input"]
-    if not isinstance(x, ShardTensor) or len(shard_args(args, kwargs)) != 1:
-        raise refuse(func, "only the first operand may be a ShardTensor")
-    d = a["dim"]
-    nd = ndim(x)
-    if d is None or isinstance(d, bool) or not -max(nd, 1) <= int(d) < max(nd, 1):
-        raise IndexError(f"{op_name(func)}: dim {d!r} is out of range for a {nd}-d tensor")
-    keepdim = a.get("keepdim")
-    if int(d) % nd == x._spec.dim:
-        raise refuse(func, f"along the sharded dimension {x._spec.dim} it needs every rank's rows",
-                     "use it along another dim, or on x.full_tensor()")
-    with no_subclass():
-        out = func(*args, **kwargs)
-    sd = x._spec.dim
-    if keepdim is False and int(d) % nd < sd:  # kthvalue drops its dim
-        sd -= 1
-    return wrap(out, x._spec, sd)
-
-
-register(*_DIM_SIGNATURE)(_dim_local)

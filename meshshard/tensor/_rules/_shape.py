@@ -1,4 +1,5 @@
-"""Shape rules: views and reshapes, dim moves, expand/repeat, cat/stack, split/chunk/narrow.
+"""Shape rules: views and reshapes, dim moves, expand/repeat, cat/stack, split/chunk/narrow
+(``cat`` along the sharded dim: :mod:`._cat`).
 
 Every rule reads **global** shapes and maps them onto the local shard, deciding from the spec and
 the arguments alone (identical on every rank). Ops along other dims are local; slicing along the
@@ -18,6 +19,7 @@ from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor, wrap_shard
+from ._cat import cat_along_shard
 from ._common import common_spec, local_shape, ndim, plain_along_shard, refuse, shard_args, wrap
 from ._index import global_range, select_row
 
@@ -337,7 +339,6 @@ def _cat(func, args, kwargs):
         a = bind(func, args, kwargs, ("tensors", "dim"), {"dim": 0}, kwonly=("axis",))
     tensors = list(a["tensors"])
     shards = [t for t in tensors if isinstance(t, ShardTensor)]
-    spec = common_spec(shards, func)
     stack = func is torch.stack
     shapes = [list(t._spec.global_shape) if isinstance(t, ShardTensor) else list(t.shape) for t in tensors]
     nd = len(shards[0]._spec.global_shape)
@@ -350,14 +351,14 @@ def _cat(func, args, kwargs):
     else:
         d = _cat_dim(func, a)
     d %= nd + 1 if stack else nd
+    if not stack and d == shards[0]._spec.dim:
+        return cat_along_shard(func, tensors, d)
+    spec = common_spec(shards, func)
     for t in shards:
         if t._spec.dim != spec.dim or len(t._spec.global_shape) != nd:
             raise ShardingError(
                 f"[rank {spec.rank}] {op_name(func)}: the ShardTensors are sharded along different dims")
     sd = spec.dim
-    if not stack and d == sd:
-        raise refuse(func, "concatenating along the sharded dim would interleave rows of different ranks",
-                     "concatenate the local shards and rewrap with ShardTensor.from_local, or use x.full_tensor()")
     back = nd - sd
     fixed = []
     for t, shape in zip(tensors, shapes):
