@@ -132,7 +132,7 @@ class ShardTensor(torch.Tensor):
             if validate if validate is not None else validate_enabled():
                 shape = list(local.shape)
                 shape[dim] = sum(sizes_t)
-                _check_same_on_all_ranks(sizes_t, group, rank, local.device, tuple(shape))
+                _check_same_on_all_ranks(sizes_t, group, rank, tuple(shape))
         shape = list(local.shape)
         shape[dim] = sum(sizes_t)
         spec = ShardSpec(mesh, mdim, dim, sizes_t, torch.Size(shape), id(mesh))
@@ -234,7 +234,7 @@ class ShardTensor(torch.Tensor):
         spec = self._spec
         with torch._C.DisableTorchFunctionSubclass():
             n_local = self.shape[spec.dim]
-        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, self.device, tuple(spec.global_shape), n_local)
+        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, tuple(spec.global_shape), n_local)
         return self
 
     @property
@@ -325,15 +325,14 @@ def _check_same_on_all_ranks(
     sizes: tuple[int, ...],
     group,
     rank: int,
-    device,
     global_shape: tuple[int, ...] = (),
     n_local: int | None = None,
 ) -> None:
     """Raise :class:`ShardingError` on **every** rank unless all ranks hold the same sizes (and
     shape), and (given ``n_local``) every rank's local length is its entry of the sizes.
 
-    One ``all_gather``; every rank sees every rank's view, so all raise together (none is left
-    waiting in a later collective).
+    One ``all_gather`` (:func:`meshshard.comm.agree` with the sizes as payload); every rank sees every
+    rank's view, so all raise together (none is left waiting in a later collective).
     """
     world = len(sizes)
     if dist.get_world_size(group) != world:
