@@ -487,8 +487,9 @@ def autograd_entry(func, args: tuple, kwargs: dict):
     Seeds replicated outputs with ``g / P`` and, for ``grad``, returns ShardTensor gradients for
     ShardTensor inputs and the group-summed (single-process) gradient for every other input.
 
-    **Communication:** ``grad`` adds one ``all_reduce`` per non-sharded input (of its size); the
-    backward passes communicate as their ops' rules document.
+    **Communication:** ``grad`` adds, when some input is not sharded, one small ``all_gather`` (which
+    inputs got a gradient on some rank: :func:`meshshard.comm.agree`) and one ``all_reduce`` per such input
+    (of its size); the backward passes communicate as their ops' rules document.
     """
     name = op_name(func)
     if func is torch.Tensor.backward:
@@ -525,6 +526,12 @@ def autograd_entry(func, args: tuple, kwargs: dict):
         plain_out, _plain_inputs(inputs), plain_grads, a["retain_graph"], a["create_graph"],
         allow_unused=a["allow_unused"], materialize_grads=a["materialize_grads"],
     )
+    if group is not None and any(not isinstance(t, ShardTensor) for t in inputs):
+        # A plain input's gradient may be None on a rank whose shard never reached it (an empty rank) and not
+        # on the others: agree, so that every rank sums (zeros where unreached) or none does.
+        reached = comm.agree(None, group, payload=[int(g is not None) for g in result]).payloads.any(0).tolist()
+        result = [torch.zeros_like(t) if g is None and hit and not isinstance(t, ShardTensor) else g
+                  for t, g, hit in zip(inputs, result, reached)]
     out = []
     for t, g in zip(inputs, result):
         if g is None:
