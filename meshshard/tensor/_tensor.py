@@ -133,7 +133,7 @@ class ShardTensor(torch.Tensor):
             if validate if validate is not None else validate_enabled():
                 shape = list(local.shape)
                 shape[dim] = sum(sizes_t)
-                _check_same_on_all_ranks(sizes_t, group, rank, local.device, tuple(shape))
+                _check_same_on_all_ranks(sizes_t, group, rank, tuple(shape))
         shape = list(local.shape)
         shape[dim] = sum(sizes_t)
         spec = ShardSpec(mesh, mdim, dim, sizes_t, torch.Size(shape), id(mesh))
@@ -235,7 +235,7 @@ class ShardTensor(torch.Tensor):
         spec = self._spec
         with torch._C.DisableTorchFunctionSubclass():
             n_local = self.shape[spec.dim]
-        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, self.device, tuple(spec.global_shape), n_local)
+        _check_same_on_all_ranks(spec.sizes, spec.group, spec.rank, tuple(spec.global_shape), n_local)
         return self
 
     @property
@@ -326,15 +326,14 @@ def _check_same_on_all_ranks(
     sizes: tuple[int, ...],
     group,
     rank: int,
-    device,
     global_shape: tuple[int, ...] = (),
     n_local: int | None = None,
 ) -> None:
     """Raise :class:`ShardingError` on **every** rank unless all ranks hold the same sizes (and
     shape), and (given ``n_local``) every rank's local length is its entry of the sizes.
 
-    One ``all_gather``; every rank sees every rank's view, so all raise together (none is left
-    waiting in a later collective).
+    One ``all_gather`` (:func:`meshshard.comm.agree` with the sizes as payload); every rank sees every
+    rank's view, so all raise together (none is left waiting in a later collective).
     """
     world = len(sizes)
     if dist.get_world_size(group) != world:
@@ -489,8 +488,9 @@ def autograd_entry(func, args: tuple, kwargs: dict):
     Seeds replicated outputs with ``g / P`` and, for ``grad``, returns ShardTensor gradients for
     ShardTensor inputs and the group-summed (single-process) gradient for every other input.
 
-    **Communication:** ``grad`` adds one ``all_reduce`` per non-sharded input (of its size); the
-    backward passes communicate as their ops' rules document.
+    **Communication:** ``grad`` adds, when some input is not sharded, one small ``all_gather`` (which
+    inputs got a gradient on some rank: :func:`meshshard.comm.agree`) and one ``all_reduce`` per such input
+    (of its size); the backward passes communicate as their ops' rules document.
     """
     name = op_name(func)
     if func is torch.Tensor.backward:
@@ -527,6 +527,12 @@ def autograd_entry(func, args: tuple, kwargs: dict):
         plain_out, _plain_inputs(inputs), plain_grads, a["retain_graph"], a["create_graph"],
         allow_unused=a["allow_unused"], materialize_grads=a["materialize_grads"],
     )
+    if group is not None and any(not isinstance(t, ShardTensor) for t in inputs):
+        # A plain input's gradient may be None on a rank whose shard never reached it (an empty rank) and not
+        # on the others: agree, so that every rank sums (zeros where unreached) or none does.
+        reached = comm.agree(None, group, payload=[int(g is not None) for g in result]).payloads.any(0).tolist()
+        result = [torch.zeros_like(t) if g is None and hit and not isinstance(t, ShardTensor) else g
+                  for t, g, hit in zip(inputs, result, reached)]
     out = []
     for t, g in zip(inputs, result):
         if g is None:
