@@ -124,7 +124,8 @@ def test_half_precision_sums_do_not_overflow_at_real_sizes(dtype):
     for autocast in (False, True):
         if autocast:  # the model's Linear layers hand float16 operands over under autocast
             with torch.autocast("cpu", dtype):
-                got = slice_tokens(torch.nn.functional.linear(w, torch.eye(2)), torch.nn.functional.linear(f, torch.eye(3)))
+                lin = torch.nn.functional.linear
+                got = slice_tokens(lin(w, torch.eye(2)), lin(f, torch.eye(3)))
         else:
             got = slice_tokens(w.to(dtype), f.to(dtype))
         assert got.dtype == dtype and torch.isfinite(got).all()
