@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -167,3 +168,13 @@ def along_other_dim(func: Callable, args: tuple, kwargs: dict, x: ShardTensor, d
         out = func(*args, **kwargs)
     sd = x._spec.dim
     return wrap(out, x._spec, sd - 1 if drops_dim and d < sd else sd)
+
+
+def extreme_fill(dtype: torch.dtype, largest: bool):
+    """The value no element beats in a max (``largest``) or min search: the identity of that reduction."""
+    if dtype.is_floating_point:
+        return -math.inf if largest else math.inf
+    if dtype == torch.bool:
+        return not largest
+    info = torch.iinfo(dtype)
+    return info.min if largest else info.max

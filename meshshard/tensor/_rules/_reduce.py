@@ -31,7 +31,7 @@ from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
 from .._tensor import ShardTensor
-from ._common import common_spec, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, wrap
+from ._common import common_spec, extreme_fill, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, wrap
 
 T = torch.Tensor
 
@@ -205,18 +205,10 @@ def linalg_vector_norm_rule(func, args, kwargs):
 
 
 # -- max / min ------------------------------------------------------------------------------------
-def _fill_value(dtype: torch.dtype, largest: bool):
-    if dtype.is_floating_point:
-        return -math.inf if largest else math.inf
-    if dtype == torch.bool:
-        return not largest
-    info = torch.iinfo(dtype)
-    return info.min if largest else info.max
-
 
 def _local_extreme(local: torch.Tensor, dims, largest: bool) -> torch.Tensor:
     """amax/amin over ``dims`` (keepdim; NaN propagates) that also works on an empty shard."""
-    fill = _fill_value(local.dtype, largest)
+    fill = extreme_fill(local.dtype, largest)
     if local.numel() == 0:
         shape = [1 if (dims is None or d in dims) else s for d, s in enumerate(local.shape)]
         return torch.full(shape, fill, dtype=local.dtype, device=local.device)
@@ -296,7 +288,7 @@ def _global_arg(x: ShardTensor, d: int | None, largest: bool):
             for c, size in zip(coords, spec.global_shape):
                 gi = gi * size + c
         else:
-            lv = torch.full((), _fill_value(local.dtype, largest), dtype=local.dtype)
+            lv = torch.full((), extreme_fill(local.dtype, largest), dtype=local.dtype)
             gi = torch.zeros((), dtype=torch.long)
         lv, gi = lv.reshape(1), gi.reshape(1)
     else:
@@ -307,7 +299,7 @@ def _global_arg(x: ShardTensor, d: int | None, largest: bool):
         else:
             shape = list(local.shape)
             shape[d] = 1
-            lv = torch.full(shape, _fill_value(local.dtype, largest), dtype=local.dtype, device=local.device)
+            lv = torch.full(shape, extreme_fill(local.dtype, largest), dtype=local.dtype, device=local.device)
             gi = torch.zeros(shape, dtype=torch.long, device=local.device)
     gv = _global_extreme_value(lv, spec, largest)
     if local.dtype.is_floating_point:

@@ -34,7 +34,7 @@ from ... import comm
 from .._dispatch import bind
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
-from ._common import along_other_dim, dim_of, local_of, no_subclass, refuse, wrap
+from ._common import along_other_dim, dim_of, extreme_fill, local_of, no_subclass, refuse, wrap
 
 T = torch.Tensor
 
@@ -136,7 +136,7 @@ def _extreme_scan(func, local_ret, x: ShardTensor, d: int):
     values, indices = local_ret
     indices = indices + spec.offsets[spec.rank]
     n = values.shape[d]
-    fill = _identity(values.dtype, largest)
+    fill = extreme_fill(values.dtype, largest)
     rows = _last_rows(values, d, spec, fill)
     last_i = indices.narrow(d, n - 1, 1) if n else torch.zeros_like(rows.narrow(d, 0, 1), dtype=torch.long)
     rows_i = comm.all_gather(last_i, spec.group).to(indices.device)  # (P, ...) in rank order
@@ -156,11 +156,3 @@ def _extreme_scan(func, local_ret, x: ShardTensor, d: int):
     ret = type(local_ret)((values, indices))
     return wrap(ret, spec, d)
 
-
-def _identity(dtype: torch.dtype, largest: bool):
-    if dtype.is_floating_point:
-        return -math.inf if largest else math.inf
-    if dtype == torch.bool:
-        return not largest
-    info = torch.iinfo(dtype)
-    return info.min if largest else info.max
