@@ -194,7 +194,7 @@ def test_evaluate_needs_a_store_and_a_checkpoint(store, tmp_path, capsys):
 
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.zeros(2)}, other)
-    assert "no 'model' and 'config'" in _usage_error(["evaluate", str(store), str(other)], capsys)
+    assert "is not a complete meshshard checkpoint: it lacks ['model', 'config']" in _usage_error(["evaluate", str(store), str(other)], capsys)
 
 
 @pytest.mark.parametrize("radius", ["-1", "0", "nan", "abc"])
