@@ -101,6 +101,8 @@ def validate_enabled() -> bool:
 
 
 def _record(name: str, nbytes: int) -> None:
+    if torch.compiler.is_dynamo_compiling():  # a compiled step's collectives are graph ops, not counted here
+        return
     for counter in _ACTIVE:
         counter.counts[name] += 1
         counter.bytes_sent[name] += int(nbytes)
@@ -122,6 +124,8 @@ def _call(name: str, group: dist.ProcessGroup | None, collective, *args, **kwarg
     the rank that failed first (see :mod:`meshshard.faults`). A ``ValueError``/``TypeError`` is
     this rank's own bad argument: it is reported as this rank's failure and re-raised unchanged.
     """
+    if torch.compiler.is_dynamo_compiling():  # traced: dynamo turns ``dist.*`` into functional collectives
+        return collective(*args, group=group, **kwargs)
     try:
         out = collective(*args, group=group, **kwargs)
     except (ValueError, TypeError) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
+from ._compile import parse_key, spec_key, tracing
 
 __all__ = ["ShardSpec", "offsets_of"]
 
@@ -48,8 +49,14 @@ class ShardSpec:
     mesh_id: int = field(default=0, repr=False)
     node_sizes: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     _moved: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    _axis: tuple | None = field(default=None, compare=False, repr=False, hash=False)
+    # "dim;mesh_dim;sizes;global_shape;node_sizes": what a compiled graph is guarded on (set outside traced
+    # code; traced code reads a graph input's spec through it: meshshard.tensor._compile)
+    _key: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
+        if self._axis is None:  # (group, rank) of the mesh axis, looked up once (dynamo cannot look into a mesh)
+            object.__setattr__(self, "_axis", axis_group_rank(self.mesh, self.mesh_dim))
         ndim = len(self.global_shape)
         if not 0 <= self.dim < ndim:
             raise ValueError(f"dim must be in [0, {ndim}) for a {ndim}-d global shape (got {self.dim})")
@@ -59,15 +66,18 @@ class ShardSpec:
             raise ValueError(
                 f"sizes must sum to global_shape[dim] = {self.global_shape[self.dim]} (got sum {sum(self.sizes)})"
             )
+        if not tracing():  # the guard key of a compiled graph that takes this spec as input (see guard_key)
+            object.__setattr__(self, "_key", spec_key(self.dim, self.mesh_dim, self.sizes, self.global_shape,
+                                                      self.node_sizes))
 
     @property
     def group(self) -> dist.ProcessGroup:
-        return axis_group_rank(self.mesh, self.mesh_dim)[0]
+        return self._axis[0]
 
     @property
     def rank(self) -> int:
         """This process's rank along the mesh axis (the index of its shard)."""
-        return axis_group_rank(self.mesh, self.mesh_dim)[1]
+        return self._axis[1]
 
     @property
     def num_ranks(self) -> int:
@@ -77,7 +87,9 @@ class ShardSpec:
     def offsets(self) -> tuple[int, ...]:
         hit = self._moved.get("offsets")
         if hit is None:
-            hit = self._moved["offsets"] = offsets_of(self.sizes)
+            hit = offsets_of(self.sizes)
+            if not tracing():
+                self._moved["offsets"] = hit
         return hit
 
     @property
@@ -87,6 +99,11 @@ class ShardSpec:
     @property
     def ndim(self) -> int:
         return len(self.global_shape)
+
+    def static_copy(self) -> ShardSpec:
+        """Traced code: this (graph input's) spec rebuilt from the constants of its guard key."""
+        dim, mesh_dim, sizes, shape, nodes = parse_key(self._key)
+        return ShardSpec(self.mesh, mesh_dim, dim, sizes, torch.Size(shape), self.mesh_id, nodes, _axis=self._axis)
 
     def local_length(self) -> int:
         return self.sizes[self.rank]
@@ -109,8 +126,8 @@ class ShardSpec:
                 hit = self
             else:
                 hit = ShardSpec(self.mesh, self.mesh_dim, dim, self.sizes, torch.Size(shape), self.mesh_id,
-                                self.node_sizes)
-            if len(self._moved) < 64:
+                                self.node_sizes, _axis=self._axis)
+            if len(self._moved) < 64 and not tracing():  # a traced spec does not outlive its trace
                 self._moved[key] = hit
         return hit
 
@@ -120,12 +137,12 @@ class ShardSpec:
         Rows stay on their rank, so ``node_sizes`` is kept.
         """
         return ShardSpec(self.mesh, self.mesh_dim, dim, tuple(int(s) for s in sizes), torch.Size(global_shape),
-                         self.mesh_id, self.node_sizes)
+                         self.mesh_id, self.node_sizes, _axis=self._axis)
 
     def with_node_sizes(self, node_sizes: Sequence[int] | None) -> ShardSpec:
         """This spec with ``node_sizes`` set (rows held by the owner of the node they target)."""
         return ShardSpec(self.mesh, self.mesh_dim, self.dim, self.sizes, self.global_shape, self.mesh_id,
-                         None if node_sizes is None else tuple(int(s) for s in node_sizes))
+                         None if node_sizes is None else tuple(int(s) for s in node_sizes), _axis=self._axis)
 
     def local_shape_of(self, global_shape: Sequence[int], dim: int | None = None) -> list[int]:
         """This rank's shape of a tensor of ``global_shape`` sharded like this spec along ``dim``."""

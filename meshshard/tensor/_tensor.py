@@ -47,6 +47,7 @@ from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
 from ..errors import ShardingError, UnsupportedOpError
 from ..partition._partition import Partition
+from ._compile import inspected_by_compiler, tracing
 from ._dispatch import bind, dispatch, op_name
 from ._spec import ShardSpec, as_sizes, norm_mesh_dim
 
@@ -68,6 +69,9 @@ class ShardTensor(torch.Tensor):
     """
 
     _spec: ShardSpec
+    # torch.compile: every local dimension is static. The local length is sizes[rank], a Python int of the
+    # spec that the graph is specialised on (and guarded by), so a symbolic one would only contradict it.
+    _dynamo_static_indices = frozenset(range(64))
 
     @staticmethod
     def from_local(
@@ -142,25 +146,25 @@ class ShardTensor(torch.Tensor):
     # -- metadata ---------------------------------------------------------------------------
     @property
     def spec(self) -> ShardSpec:
-        return self._spec
+        return _spec_of(self)
 
     @property
     def sharding_sizes(self) -> tuple[int, ...]:
         """Every rank's local length along the sharded dimension (the sharding-shape metadata)."""
-        return self._spec.sizes
+        return _spec_of(self).sizes
 
     @property
     def offsets(self) -> tuple[int, ...]:
         """``(0, s0, s0+s1, ..., N_global)``: rank r holds global rows ``offsets[r]:offsets[r+1]``."""
-        return self._spec.offsets
+        return _spec_of(self).offsets
 
     @property
     def shard_dim(self) -> int:
-        return self._spec.dim
+        return _spec_of(self).dim
 
     @property
     def global_shape(self) -> torch.Size:
-        return self._spec.global_shape
+        return _spec_of(self).global_shape
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -169,8 +173,7 @@ class ShardTensor(torch.Tensor):
     # -- conversions ------------------------------------------------------------------------
     def to_local(self) -> torch.Tensor:
         """This rank's shard as a plain tensor (a differentiable alias, no copy)."""
-        with torch._C.DisableTorchFunctionSubclass():
-            return self.as_subclass(torch.Tensor)
+        return _plain_alias(self)
 
     def full_tensor(self) -> ReplicatedTensor:
         """The whole tensor on every rank (differentiable).
@@ -178,7 +181,7 @@ class ShardTensor(torch.Tensor):
         **Communication:** one ``all_to_all_single`` (this rank sends its shard to every rank:
         ``P * N_local * row_bytes``); backward: one ``all_to_all_single`` (reduce-scatter).
         """
-        spec = self._spec
+        spec = _spec_of(self)
         full = comm.gather_uneven(self.to_local(), spec.sizes, spec.dim, spec.group)
         return ReplicatedTensor._make(full, spec.group, spec.num_ranks)
 
@@ -188,7 +191,7 @@ class ShardTensor(torch.Tensor):
         **Communication:** one ``all_to_all_single``; each rank sends only the rows that change
         owner (its own block is copied locally by the collective).
         """
-        spec = self._spec
+        spec = _spec_of(self)
         new_sizes = as_sizes(new_sizes, "new_sizes", check_sign=False)
         if len(new_sizes) != spec.num_ranks or any(s < 0 for s in new_sizes):
             raise ValueError(f"new_sizes must be {spec.num_ranks} non-negative ints (got {new_sizes})")
@@ -206,7 +209,8 @@ class ShardTensor(torch.Tensor):
         out = comm.all_to_all(moved, send, recv, spec.group).movedim(0, spec.dim)
         shape = list(out.shape)
         shape[spec.dim] = spec.num_global
-        new_spec = ShardSpec(spec.mesh, spec.mesh_dim, spec.dim, new_sizes, torch.Size(shape), spec.mesh_id)
+        new_spec = ShardSpec(spec.mesh, spec.mesh_dim, spec.dim, new_sizes, torch.Size(shape), spec.mesh_id,
+                             _axis=spec._axis)
         return wrap_shard(out, new_spec)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
@@ -246,6 +250,11 @@ class ShardTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if inspected_by_compiler():  # dynamo/AOTAutograd fakeifying an input: the local tensor's metadata
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        if tracing():  # graph inputs' specs are read through their guard keys
+            args, kwargs = _static_inputs(args, kwargs)
         meta = _GLOBAL_META.get(func)
         if meta is not None:  # shape queries: answered from the spec, identical on every rank
             return meta(*args, **(kwargs or {}))
@@ -256,8 +265,50 @@ class ShardTensor(torch.Tensor):
                 args, kwargs = _dtensors_to_local(func, args, kwargs or {})
             return dispatch(func, args, kwargs or {})
         except Exception as exc:  # name this rank as the culprit for peers blocked in a collective
-            faults.report_failure(exc, op_name(func))
+            if not tracing():
+                faults.report_failure(exc, op_name(func))
             raise
+
+
+def _spec_of(x: ShardTensor) -> ShardSpec:
+    """``x``'s spec; in traced code, a graph input's spec is rebuilt from its guard key (constants)."""
+    spec = x._spec
+    if tracing() and spec._key is not None:
+        return spec.static_copy()
+    return spec
+
+
+def _static_input(a):
+    if isinstance(a, ShardTensor):
+        if a._spec._key is not None:
+            return wrap_shard(_plain_alias(a), a._spec.static_copy())
+        return a
+    if isinstance(a, (list, tuple)) and not hasattr(a, "n_fields"):
+        for b in a:
+            if isinstance(b, ShardTensor) and b._spec._key is not None:
+                return type(a)([_static_input(c) for c in a])
+    return a
+
+
+def _static_inputs(args: tuple, kwargs: dict | None):
+    """Traced code: every ShardTensor graph input among the arguments (also in a list, e.g. ``torch.cat``),
+    as a view whose spec is rebuilt from the constants of its guard key (so it holds no symbolic int)."""
+    args = tuple([_static_input(a) for a in args])
+    if kwargs:
+        kwargs = {k: _static_input(v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _plain_alias(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a plain tensor sharing its storage and autograd history.
+
+    Eager: ``as_subclass(Tensor)``. Traced by dynamo (which cannot trace ``as_subclass`` to a
+    plain tensor): ``view_as``, the same alias as a graph op.
+    """
+    with torch._C.DisableTorchFunctionSubclass():
+        if tracing():
+            return t.view_as(t)
+        return t.as_subclass(torch.Tensor)
 
 
 def _size(x: ShardTensor, dim: int | None = None):
@@ -385,6 +436,9 @@ class ReplicatedTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if inspected_by_compiler():
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
         if func in _AUTOGRAD_ENTRY:
             return autograd_entry(func, args, kwargs or {})
         if not all(issubclass(cls, t) for t in types):
@@ -398,8 +452,7 @@ class ReplicatedTensor(torch.Tensor):
 
     def to_plain(self) -> torch.Tensor:
         """A plain-tensor alias (its ``backward()`` seeds 1, not ``1 / P``)."""
-        with torch._C.DisableTorchFunctionSubclass():
-            return self.as_subclass(torch.Tensor)
+        return _plain_alias(self)
 
 
 def _first_replicated(args, kwargs) -> ReplicatedTensor | None:

@@ -240,7 +240,8 @@ def _new_plain(func, args, kwargs):
                 extra = (a["fill_value"],) if func is T.new_full else ()
                 with no_subclass():
                     out = func(x, shape, *extra, **rest)
-                new = ShardSpec(spec.mesh, spec.mesh_dim, spec.dim, sizes, torch.Size(size), spec.mesh_id, sizes)
+                new = ShardSpec(spec.mesh, spec.mesh_dim, spec.dim, sizes, torch.Size(size), spec.mesh_id, sizes,
+                                _axis=spec._axis)
                 return wrap_shard(out, new)
     with no_subclass():
         return func(*args, **kwargs)

@@ -42,7 +42,7 @@ def _kept_dim(spec_dim: int, dims: tuple[int, ...], keepdim: bool) -> int:
 
 def _count(spec: ShardSpec, dims: tuple[int, ...] | None) -> int:
     shape = spec.global_shape
-    return shape.numel() if dims is None else math.prod(shape[d] for d in dims)
+    return shape.numel() if dims is None else math.prod([shape[d] for d in dims])
 
 
 def _local_reduce(func, args, kwargs, x: ShardTensor, dims, keepdim):

@@ -125,7 +125,7 @@ def _target_shape(func, req, numel: int) -> list[int]:
     if any(s < -1 for s in shape):
         raise RuntimeError(f"invalid shape dimension {min(shape)}")
     if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
+        known = math.prod([s for s in shape if s != -1])
         if known == 0 or numel % known:
             raise RuntimeError(f"shape '{list(req)}' is invalid for input of size {numel}")
         shape[shape.index(-1)] = numel // known
