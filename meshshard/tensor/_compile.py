@@ -70,3 +70,31 @@ def parse_key(key: str) -> tuple[int, int, tuple[int, ...], tuple[int, ...], tup
     shape = tuple([int(s) for s in parts[3].split(",")])
     nodes = None if parts[4] == "-" else tuple([int(s) for s in parts[4].split(",")])
     return int(parts[0]), int(parts[1]), sizes, shape, nodes
+
+
+# -- Tensor methods written in Python -------------------------------------------------------------------
+def _python_methods() -> dict:
+    """``{method.__get__: method}`` for the methods of ``torch.Tensor`` written in Python (``norm``, ``unflatten``...)."""
+    import types
+
+    return {f.__get__: f for f in vars(torch.Tensor).values() if isinstance(f, types.FunctionType)}
+
+
+_METHODS = _python_methods()
+
+
+def bind_method(func, args, kwargs):
+    """Traced code: ``x.norm`` reaches ``__torch_function__`` as ``Tensor.norm.__get__``: bind the method to ``x``
+    (its call then dispatches as usual). Eager Python never asks this (it binds methods itself).
+
+    **Communication:** none.
+    """
+    import functools
+
+    return functools.partial(_METHODS[func], args[0])
+
+
+def register_method_binding() -> None:
+    from ._dispatch import register_rule
+
+    register_rule(*_METHODS)(bind_method)

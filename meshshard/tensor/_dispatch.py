@@ -26,7 +26,7 @@ from torch.overrides import resolve_name
 
 from ..errors import UnsupportedOpError
 
-__all__ = ["register_rule", "dispatch", "bind", "op_name", "no_subclass", "has_rule"]
+__all__ = ["register_rule", "dispatch", "bind", "op_name", "func_name", "no_subclass", "has_rule"]
 
 Rule = Callable[[Callable, tuple, dict], Any]
 _RULES: dict[Callable, Rule] = {}
@@ -80,11 +80,18 @@ def has_rule(func: Callable) -> bool:
     return func in _RULES
 
 
+@torch._dynamo.assume_constant_result  # traced (compiled) code: the name of a function is a constant
 def op_name(func: Callable) -> str:
     try:
         return resolve_name(func) or getattr(func, "__name__", repr(func))
     except Exception:
         return getattr(func, "__name__", repr(func))
+
+
+@torch._dynamo.assume_constant_result  # traced code: a function's name is a constant
+def func_name(func: Callable) -> str:
+    """``func.__name__`` (``""`` if it has none)."""
+    return getattr(func, "__name__", "")
 
 
 def dispatch(func: Callable, args: tuple, kwargs: dict) -> Any:

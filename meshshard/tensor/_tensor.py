@@ -47,7 +47,7 @@ from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
 from ..errors import ShardingError, UnsupportedOpError
 from ..partition._partition import Partition
-from ._compile import inspected_by_compiler, tracing
+from ._compile import inspected_by_compiler, register_method_binding, tracing
 from ._dispatch import bind, dispatch, op_name
 from ._spec import ShardSpec, as_sizes, norm_mesh_dim
 
@@ -645,6 +645,8 @@ def scatter(
         local = global_tensor.index_select(dim, idx)
     return ShardTensor.from_local(local, mesh, sizes=sizes, dim=dim, mesh_dim=mdim, validate=False)
 
+
+register_method_binding()
 
 # failing collectives name the op that ran them (faults._context): these are the entries of sharded ops
 faults.register_op_entry(ShardTensor.__torch_function__)

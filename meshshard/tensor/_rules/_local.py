@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ShardingError, UnsupportedOpError
-from .._dispatch import bind, no_subclass, op_name
+from .._dispatch import bind, func_name, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
 from .._tensor import ShardTensor, wrap_shard
@@ -157,7 +157,7 @@ def pointwise_rule(func, args, kwargs):
                 )
     if len(shards) > 1:
         common_spec(shards, func)
-    if not isinstance(args[0], ShardTensor) and func.__name__.endswith("_") and func.__name__ != "__iand__":
+    if not isinstance(args[0], ShardTensor) and func_name(func).endswith("_") and func_name(func) != "__iand__":
         raise refuse(func, "an in-place op on a plain tensor with a ShardTensor operand would store local rows")
 
     def fix(a):
