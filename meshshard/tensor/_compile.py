@@ -74,7 +74,7 @@ def parse_key(key: str) -> tuple[int, int, tuple[int, ...], tuple[int, ...], tup
 
 # -- Tensor methods written in Python -------------------------------------------------------------------
 def _python_methods() -> dict:
-    """``{method.__get__: method}`` for the methods of ``torch.Tensor`` written in Python (``norm``, ``unflatten``...)."""
+    """``{method.__get__: method}`` for the methods of ``torch.Tensor`` written in Python (``norm``...)."""
     import types
 
     return {f.__get__: f for f in vars(torch.Tensor).values() if isinstance(f, types.FunctionType)}
