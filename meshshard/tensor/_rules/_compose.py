@@ -4,7 +4,8 @@
 ``var_mean`` are ``(std or var, mean)``; ``softmin`` is ``softmax(-x)`` (what torch computes); ``ravel`` is
 ``reshape(-1)``; ``unsafe_split``/``unsafe_chunk``/``split_with_sizes``/``hsplit``/``vsplit``/``dsplit``
 are splits; ``atleast_*d`` unsqueeze; ``broadcast_tensors`` expands; ``dist`` is a vector norm of the
-difference; ``equal``/``allclose`` reduce ``eq``/``isclose`` with ``all``.
+difference; ``linalg.vecdot`` is ``(x.conj() * y).sum(dim)``; ``equal``/``allclose`` reduce ``eq``/``isclose``
+with ``all``.
 Three have rules of their own: ``tril``/``triu`` and ``trace`` (the local diagonal is shifted by the rank's
 row or column offset; ``trace`` then sums with one ``all_reduce`` of one scalar) and ``prod`` over the
 sharded dim (each rank's partial product, gathered, multiplied).
@@ -163,6 +164,12 @@ def _broadcast_tensors(func, args, kwargs):
 def _dist(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "other", "p"), {"p": 2})
     return torch.linalg.vector_norm(a["input"] - a["other"], a["p"])
+
+
+@register(torch.linalg.vecdot)
+def _vecdot(func, args, kwargs):
+    a = bind(func, args, kwargs, ("x", "y"), kwonly=("dim",))
+    return (a["x"].conj() * a["y"]).sum(-1 if a["dim"] is None else a["dim"])
 
 
 @register(torch.equal, T.equal)

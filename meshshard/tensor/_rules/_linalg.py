@@ -75,7 +75,7 @@ def _funcs(owner, names: list[str]) -> list[Callable]:
 
 def _gather(a: Any) -> Any:
     if isinstance(a, ShardTensor):
-        return a.full_tensor().to_plain()
+        return a.full_tensor().to_plain().contiguous()
     if isinstance(a, ReplicatedTensor):
         return a.to_plain()
     if isinstance(a, (list, tuple)) and any(isinstance(b, ShardTensor) for b in a):
@@ -87,6 +87,7 @@ def _reshard(out: Any, x: ShardTensor) -> Any:
     """Results shaped like the input along its sharded dim are sharded like it; the others replicated."""
     spec = x._spec
     if isinstance(out, torch.Tensor):
+        out = out.resolve_conj().resolve_neg()
         d = spec.dim
         if out.dim() == len(spec.global_shape) and out.shape[d] == spec.num_global:
             with no_subclass():
@@ -124,8 +125,49 @@ def _only_operand(args: tuple, kwargs: dict) -> ShardTensor | None:
 
 def _local(func: Callable, args: tuple, kwargs: dict, x: ShardTensor) -> Any:
     with no_subclass():
-        out = func(*args, **kwargs)
+        local = x.to_local()
+        if x._spec.sizes[x._spec.rank] == 0:  # an empty rank: its results are empty along the sharded dim
+            out = _empty_result(func, args, kwargs, x, local)
+        else:
+            out = _resolved(func(*args, **kwargs))
     return wrap(out, x._spec, x._spec.dim)
+
+
+def _resolved(out: Any) -> Any:
+    """Lazy conjugate/negative views (``ifft`` of a real input returns one) made plain, as every rank's are."""
+    if isinstance(out, torch.Tensor):
+        return out.resolve_conj().resolve_neg()
+    if hasattr(out, "n_fields"):
+        return type(out)(tuple(_resolved(o) for o in out))
+    if isinstance(out, (list, tuple)):
+        return type(out)(_resolved(o) for o in out)
+    return out
+
+
+def _empty_result(func: Callable, args: tuple, kwargs: dict, x: ShardTensor, local: torch.Tensor) -> Any:
+    """An empty shard's results, shaped by torch on the meta device and kept on the input's graph.
+
+    torch's kernels differ on empty inputs (MKL's FFT raises; linalg results come without a grad_fn),
+    while a backward that reaches a collective on the other ranks (the loss's all-reduce) must run on
+    this rank too. Adding the empty shard's sum (0) changes no value.
+    """
+    meta = local.detach().to("meta")
+    swap = {id(x): meta}
+    out = func(*(swap.get(id(a), a) for a in args), **{k: swap.get(id(v), v) for k, v in kwargs.items()})
+
+    def real(o):
+        if isinstance(o, torch.Tensor):
+            t = torch.zeros(o.shape, dtype=o.dtype, device=local.device)
+            if local.requires_grad and (o.dtype.is_floating_point or o.dtype.is_complex):
+                t = t + local.sum().to(o.dtype)
+            return t
+        if hasattr(o, "n_fields"):
+            return type(o)(tuple(real(p) for p in o))
+        if isinstance(o, (list, tuple)):
+            return type(o)(real(p) for p in o)
+        return o
+
+    return real(out)
 
 
 def _batched_matrix_rule(func, args, kwargs):
@@ -172,3 +214,24 @@ def _fft(func, args, kwargs):
         if dims is not None and x._spec.dim not in dims:
             return _local(func, args, kwargs, x)
     return gather_compute_reshard(func, args, kwargs)
+
+
+@register(torch.linalg.cross, torch.cross, torch.Tensor.cross)
+def _cross(func, args, kwargs):
+    """Cross products of 3-vectors along ``dim``: per point (local) unless ``dim`` is the sharded one."""
+    from ._local import pointwise_rule
+
+    names = ("input", "other", "dim")
+    a = dict(zip(names, args), **kwargs)
+    tensors = [t for t in (a.get("input"), a.get("other")) if isinstance(t, torch.Tensor)]
+    nd = max(ndim(t) for t in tensors)
+    dim = a.get("dim", -1 if func is torch.linalg.cross else None)
+    if dim is None:  # torch.cross's legacy default: the first dim of length 3
+        shape = torch.broadcast_shapes(*(tuple(t.shape) for t in tensors))
+        dim = next((i for i, s in enumerate(shape) if s == 3), -1)
+    dim = int(dim) % max(nd, 1)
+    x = shard_args(args, kwargs)[0]
+    operands = (a.get("input"), a.get("other"))
+    if dim != nd - (ndim(x) - x._spec.dim):  # the sharded dim, aligned from the right
+        return pointwise_rule(torch.linalg.cross, operands, {"dim": dim})
+    return gather_compute_reshard(torch.linalg.cross, operands, {"dim": dim})
