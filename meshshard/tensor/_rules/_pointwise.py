@@ -47,7 +47,7 @@ def _collect() -> list:
                     out.append(f)
     out += [f for n in _SPECIAL if callable(f := getattr(torch.special, n, None))]
     out += [getattr(T, n) for n in _METHODS if hasattr(T, n)]
-    out += [F.hardshrink, T.hardshrink, F.softshrink]
+    out += [F.hardshrink, T.hardshrink, F.softshrink, T.real.__get__, T.imag.__get__]
     return [f for f in out if f is not None]
 
 
