@@ -242,3 +242,96 @@ def _prod(func, args, kwargs):
     with no_subclass():
         out = torch.prod(parts, d, keep) if a["dim"] is not None else torch.prod(parts)
     return replicated(out, spec)
+
+
+# -- contractions, written as einsum (its rule all-reduces a contracted sharded dim) -----------------
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _contract(a, b, dims_a, dims_b):
+    """``tensordot(a, b, (dims_a, dims_b))`` as one einsum: a's free dims, then b's."""
+    na, nb = ndim(a), ndim(b)
+    dims_a, dims_b = [d % max(na, 1) for d in dims_a], [d % max(nb, 1) for d in dims_b]
+    sa = list(_LETTERS[:na])
+    sb = list(_LETTERS[na:na + nb])
+    for i, j in zip(dims_a, dims_b):
+        sb[j] = sa[i]
+    out = [c for i, c in enumerate(sa) if i not in dims_a] + [c for j, c in enumerate(sb) if j not in dims_b]
+    return torch.einsum(f"{''.join(sa)},{''.join(sb)}->{''.join(out)}", a, b)
+
+
+def _scaled_sum(func, inp, prod, beta, alpha):
+    """``beta * input + alpha * prod`` as torch defines it (``beta == 0`` ignores ``input``, NaN included)."""
+    out = prod if alpha == 1 else prod * alpha
+    if beta == 0:
+        return out
+    return out + (inp if beta == 1 else inp * beta)
+
+
+@register(torch.vdot, T.vdot, torch.dot, T.dot)
+def _dot(func, args, kwargs):
+    a = bind(func, args, kwargs, ("input", "other"))
+    x, y = a["input"], a["other"]
+    if ndim(x) != 1 or ndim(y) != 1:
+        raise RuntimeError(f"1D tensors expected, but got {ndim(x)}D and {ndim(y)}D tensors")
+    return _contract(x.conj() if func in (torch.vdot, T.vdot) else x, y, [0], [0])
+
+
+@register(torch.inner, T.inner)
+def _inner(func, args, kwargs):
+    a = bind(func, args, kwargs, ("input", "other"))
+    x, y = a["input"], a["other"]
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or ndim(x) == 0 or ndim(y) == 0:
+        return x * y
+    return _contract(x, y, [-1], [-1])
+
+
+@register(torch.outer, T.outer, torch.ger, T.ger)
+def _outer(func, args, kwargs):
+    a = bind(func, args, kwargs, ("input", "vec2"))
+    return _contract(a["input"], a["vec2"], [], [])
+
+
+@register(torch.mv, T.mv)
+def _mv(func, args, kwargs):
+    a = bind(func, args, kwargs, ("input", "vec"))
+    return _contract(a["input"], a["vec"], [1], [0])
+
+
+@register(torch.tensordot)
+def _tensordot(func, args, kwargs):
+    a = bind(func, args, kwargs, ("a", "b", "dims"), {"dims": 2})
+    x, y, dims = a["a"], a["b"], a["dims"]
+    if isinstance(dims, torch.Tensor):
+        dims = dims.tolist()
+    if isinstance(dims, int):
+        return _contract(x, y, list(range(ndim(x) - dims, ndim(x))), list(range(dims)))
+    da, db = dims
+    return _contract(x, y, [da] if isinstance(da, int) else list(da), [db] if isinstance(db, int) else list(db))
+
+
+_ADD_PRODUCTS = {"addmm": ("ij,jk->ik", "mat1", "mat2"), "addmv": ("ij,j->i", "mat", "vec"),
+                 "addr": ("i,j->ij", "vec1", "vec2"), "addbmm": ("bij,bjk->ik", "batch1", "batch2"),
+                 "baddbmm": ("bij,bjk->bik", "batch1", "batch2")}
+
+
+def _add_product(func, args, kwargs):
+    eq, n1, n2 = _ADD_PRODUCTS[func.__name__.rstrip("_")]
+    a = bind(func, args, kwargs, ("input", n1, n2), kwonly=("beta", "alpha"))
+    beta = 1 if a["beta"] is None else a["beta"]
+    alpha = 1 if a["alpha"] is None else a["alpha"]
+    return _scaled_sum(func, a["input"], torch.einsum(eq, a[n1], a[n2]), beta, alpha)
+
+
+register(*[f for n in _ADD_PRODUCTS for f in (getattr(torch, n, None), getattr(T, n, None)) if f is not None])(
+    _add_product)
+
+
+@register(F.bilinear)
+def _bilinear(func, args, kwargs):
+    """``y = x1^T W x2 + b`` per point: ``einsum('...i,oij,...j->...o')`` with the batch dims written out."""
+    a = bind(func, args, kwargs, ("input1", "input2", "weight", "bias"))
+    x1 = a["input1"]
+    batch = _LETTERS[: ndim(x1) - 1]
+    out = torch.einsum(f"{batch}y,xyz,{batch}z->{batch}x", x1, a["weight"], a["input2"])
+    return out if a["bias"] is None else out + a["bias"]

@@ -57,6 +57,18 @@ CASES = {
     "frexp": lambda S, P: torch.frexp(S(_x(N, C), grad=False)),
     "glu": lambda S, P: F.glu(S(_x(N, 4)), dim=1),
     "prelu": lambda S, P: F.prelu(S(_x(N, C)), P(_x(C).abs())),
+    "dot_sharded": lambda S, P: torch.dot(S(_x(N)), S(_x(N, seed=2))),
+    "vdot": lambda S, P: torch.vdot(S(_x(N)), S(_x(N, seed=2))),
+    "mv_rows": lambda S, P: torch.mv(S(_x(N, C)), P(_x(C))),
+    "outer": lambda S, P: torch.outer(S(_x(N)), P(_x(C))),
+    "inner": lambda S, P: torch.inner(S(_x(N, C)), P(_x(2, C))),
+    "tensordot_contract_points": lambda S, P: torch.tensordot(S(_x(N, C)), S(_x(N, 2, seed=2)), ([0], [0])),
+    "addmm": lambda S, P: torch.addmm(S(_x(N, 2)), S(_x(N, C)), P(_x(C, 2)), beta=0.5, alpha=2.0),
+    "addmm_beta0_nan": lambda S, P: torch.addmm(S(torch.full((N, 2), float("nan"), dtype=torch.float64)),
+                                                S(_x(N, C)), P(_x(C, 2)), beta=0),
+    "baddbmm": lambda S, P: torch.baddbmm(S(_x(N, 2, 2)), S(_x(N, 2, C)), S(_x(N, C, 2, seed=3))),
+    "addbmm_over_points": lambda S, P: torch.addbmm(P(_x(2, 2)), S(_x(N, 2, C)), S(_x(N, C, 2, seed=3))),
+    "bilinear": lambda S, P: F.bilinear(S(_x(N, C)), S(_x(N, 2, seed=2)), P(_x(4, C, 2)), P(_x(4))),
     "complex_polar": lambda S, P: torch.polar(S(_x(N, C).abs()), S(_x(N, C, seed=2))).real,
 }
 
@@ -73,6 +85,7 @@ def test_composed_ops_match_single_process(world_size):
         assert res["tril_rows"][2] == {}
         assert res["special_i1"][2] == {}
         assert res["trace_rows"][2] == {"all_reduce": 1}
+        assert res["dot_sharded"][2] == {"all_reduce": 1} and res["mv_rows"][2] == {}
 
 
 def _bad(kind):
