@@ -60,7 +60,7 @@ _ACTIVE: list[CommCounter] = []
 _LOCK = threading.Lock()
 
 
-@dataclass
+@dataclass(eq=False)
 class CommCounter:
     """Count the collectives (and bytes sent by this rank) issued inside a ``with`` block.
 
@@ -71,7 +71,8 @@ class CommCounter:
 
     ``counts`` maps a collective's name (``all_reduce``, ``all_to_all``, ``all_gather``) to how
     many times it ran, forward and backward alike; ``bytes_sent`` maps it to the bytes this rank
-    put on the wire (an all-reduce counts its buffer once).
+    put on the wire (an all-reduce counts its buffer once). Counters compare by identity
+    (``eq=False``), so nested counters with equal counts leave in the right order.
     """
 
     counts: Counter = field(default_factory=Counter)

@@ -315,3 +315,15 @@ def test_shard_edges_keeps_the_edges_into_owned_nodes_and_x_src_moves_each_ghost
             served |= {(r, int(s)) for s in e2[0] if lo <= int(s) < hi and not lo2 <= int(s) < hi2}
         assert sent == 2 * world * 8 + len(asked) * 8 + len(served) * C * 8, (rank, sent, len(asked), len(served))
     assert torch.equal(torch.sort(torch.cat(seen)).values, torch.arange(edges.shape[1]))
+
+
+def test_nested_comm_counters_with_equal_counts_leave_in_order():
+    """CommCounter compares by identity: the inner one leaves, the outer one still counts (was: ValueError)."""
+    outer = ms.CommCounter()
+    with outer:
+        inner = ms.CommCounter()
+        with inner:
+            assert inner == inner and inner != outer  # equal fields, distinct counters
+        ms.comm._record("all_reduce", 8)
+    assert outer.counts["all_reduce"] == 1 and inner.counts["all_reduce"] == 0
+    assert outer not in ms.comm._ACTIVE and inner not in ms.comm._ACTIVE
