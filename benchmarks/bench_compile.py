@@ -10,7 +10,7 @@ compile time, measured separately), the speed-up eager/compiled, and the differe
 compiled and the eager loss (must be float32 round-off).
 
 Run: ``PYTHONPATH=. python benchmarks/bench_compile.py [--points N] [--hidden C] [--layers L]
-[--ranks 1 2] [--steps K]``. Results: ``benchmarks/results/bench_compile.json``.
+[--ranks 1 2] [--steps K] [--out NAME]``. Results: ``benchmarks/results/bench_compile.json`` (or NAME).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--slices", type=int, default=16)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--out", default="bench_compile.json", help="file name under benchmarks/results/")
     args = ap.parse_args()
     cfg = {k: getattr(args, k) for k in ("points", "hidden", "layers", "heads", "slices", "steps")}
     rows = []
@@ -124,8 +125,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     record = {"config": cfg, "threads_per_rank": 1, "backend": "inductor", "torch": torch.__version__,
               "load_avg_1min": os.getloadavg()[0], "rows": rows}
-    (RESULTS / "bench_compile.json").write_text(json.dumps(record, indent=1))
-    print(f"saved {RESULTS / 'bench_compile.json'}")
+    (RESULTS / args.out).write_text(json.dumps(record, indent=1))
+    print(f"saved {RESULTS / args.out}")
 
 
 if __name__ == "__main__":

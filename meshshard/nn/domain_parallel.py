@@ -36,6 +36,7 @@ from .. import comm
 from ..errors import ShardingError, UnsupportedOpError
 from ..ops.graph import ShardedGraph
 from ..tensor import ReplicatedTensor, ShardTensor, local_of
+from ..tensor._compile import inspected_by_compiler
 
 __all__ = ["DomainParallel"]
 
@@ -507,7 +508,7 @@ class _RowLocal(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _META:
+        if func in _META or inspected_by_compiler():  # (the compiler fakeifying an input: its local metadata)
             with _no_subclass():
                 return func(*args, **kwargs)
         kind = _row_kind(func, args, kwargs)
@@ -516,6 +517,7 @@ class _RowLocal(torch.Tensor):
         return _map_tensors(out, lambda t: cls.make(t, kind) if t.dim() >= 1 else t)
 
 
+@torch._dynamo.assume_constant_result  # traced (compiled) code: a function's name is a constant
 def _op_name(func: Callable) -> str:
     try:
         return torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))

@@ -45,6 +45,20 @@ __all__ = ["fetch_intervals", "row_halo", "sizes_by_anchor", "window_rows"]
 Interval = tuple[int, int]
 
 
+def _bisect_right(seq: Sequence[int], x: int) -> int:
+    """``bisect.bisect_right``; in Python when traced (dynamo cannot trace the C builtin)."""
+    if not torch.compiler.is_dynamo_compiling():
+        return bisect.bisect_right(seq, x)
+    lo, hi = 0, len(seq)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < seq[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _pieces(spec: ShardSpec, intervals: Sequence[Interval]) -> list[tuple[int, int, int]]:
     """``(owner, lo, hi)`` for every part of ``intervals`` owned by one rank, in interval order."""
     off = spec.offsets
@@ -52,7 +66,7 @@ def _pieces(spec: ShardSpec, intervals: Sequence[Interval]) -> list[tuple[int, i
     for a, b in intervals:
         if a >= b:
             continue
-        s = max(bisect.bisect_right(off, a) - 1, 0)
+        s = max(_bisect_right(off, a) - 1, 0)
         while s < spec.num_ranks and off[s] < b:
             lo, hi = max(a, off[s]), min(b, off[s + 1])
             if lo < hi:
@@ -172,9 +186,29 @@ def sizes_by_anchor(spec: ShardSpec, num_out: int, anchor: Callable[[torch.Tenso
         return (0,) * p
     if spec.num_global == 0:
         return (num_out,) + (0,) * (p - 1)
+    if torch.compiler.is_dynamo_compiling():  # traced: the same counts from Python ints (no data-dependent graph)
+        return _sizes_by_bisect(spec, num_out, anchor)
     j = torch.arange(num_out, dtype=torch.long)
     rows = anchor(j).clamp(0, spec.num_global - 1)
     if num_out > 1 and bool((rows[1:] < rows[:-1]).any()):
         raise ValueError("internal: a result's anchor rows must be non-decreasing")
     owner = torch.searchsorted(torch.tensor(spec.offsets[1:], dtype=torch.long), rows, right=True)
     return tuple(int(c) for c in torch.bincount(owner, minlength=p).tolist())
+
+
+def _sizes_by_bisect(spec: ShardSpec, num_out: int, anchor: Callable) -> tuple[int, ...]:
+    """:func:`sizes_by_anchor` by bisection on the non-decreasing ``anchor`` applied to ints: ``O(P log num_out)``."""
+
+    def first_at_least(bound: int) -> int:  # the first j whose (clamped) anchor row is >= bound
+        lo, hi = 0, num_out
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if min(max(anchor(mid), 0), spec.num_global - 1) >= bound:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    off = spec.offsets
+    starts = [0] + [first_at_least(off[r]) for r in range(1, spec.num_ranks)] + [num_out]
+    return tuple([starts[r + 1] - starts[r] for r in range(spec.num_ranks)])

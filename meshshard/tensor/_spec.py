@@ -55,7 +55,7 @@ class ShardSpec:
     _key: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
-        if self._axis is None:  # (group, rank) of the mesh axis, looked up once (dynamo cannot look into a mesh)
+        if self._axis is None and self.mesh is not None:  # (group, rank), looked up once: dynamo cannot read a mesh
             object.__setattr__(self, "_axis", axis_group_rank(self.mesh, self.mesh_dim))
         ndim = len(self.global_shape)
         if not 0 <= self.dim < ndim:
@@ -72,12 +72,12 @@ class ShardSpec:
 
     @property
     def group(self) -> dist.ProcessGroup:
-        return self._axis[0]
+        return self._axis[0] if self._axis is not None else axis_group_rank(self.mesh, self.mesh_dim)[0]
 
     @property
     def rank(self) -> int:
         """This process's rank along the mesh axis (the index of its shard)."""
-        return self._axis[1]
+        return self._axis[1] if self._axis is not None else axis_group_rank(self.mesh, self.mesh_dim)[1]
 
     @property
     def num_ranks(self) -> int:
