@@ -589,3 +589,96 @@ def _diff(func, args, kwargs):
         win = torch.cat(parts, dim) if len(parts) > 1 else mid
         out = torch.diff(win, n_diff, dim) if cnt else win.narrow(dim, 0, 0)
     return wrap_shard(out, spec.resized(dim, sizes, out_meta.shape))
+
+
+# -- adaptive pooling with an output size along the sharded axis -----------------------------------
+_ADAPTIVE = {F.adaptive_avg_pool2d: (2, "avg"), F.adaptive_avg_pool3d: (3, "avg"),
+             F.adaptive_max_pool2d: (2, "max"), F.adaptive_max_pool3d: (3, "max"),
+             F._adaptive_max_pool2d: (2, "max"), F._adaptive_max_pool3d: (3, "max"),
+             F.adaptive_max_pool2d_with_indices: (2, "max"), F.adaptive_max_pool3d_with_indices: (3, "max")}
+_ADAPTIVE_MAX = {2: F.adaptive_max_pool2d_with_indices, 3: F.adaptive_max_pool3d_with_indices}
+
+
+def _adaptive_windows(n: int, n_out: int) -> tuple[list[int], list[int]]:
+    """torch's adaptive windows along one axis: output ``j`` pools ``[floor(j n / o), ceil((j + 1) n / o))``."""
+    starts = [(j * n) // n_out for j in range(n_out)]
+    ends = [-((-(j + 1) * n) // n_out) for j in range(n_out)]
+    return starts, ends
+
+
+@register(*_ADAPTIVE)
+def _adaptive_pool(func, args, kwargs):
+    """Adaptive average/max pooling, local along a batch or the channels; along the sharded spatial axis, output
+    row ``j`` pools input rows ``[floor(j N / O), ceil((j + 1) N / O))`` (owned by the owner of the window's
+    centre row).
+
+    The other spatial axes are pooled by torch on the fetched rows (output size there as asked, the
+    sharded axis left as it is), then each output row reduces its rows: a mean of equal-count row means
+    (the window's mean) or a max of row maxima; indices are global flat indices, as torch's.
+
+    **Communication:** one ``all_to_all`` of the window rows this rank does not own (forward), one backward.
+    """
+    k, kind = _ADAPTIVE[func]
+    names = ("input", "output_size", "return_indices") if kind == "max" else ("input", "output_size")
+    a = bind(func, args, kwargs, names, {"return_indices": False})
+    x = a["input"]
+    if not isinstance(x, ShardTensor):
+        raise refuse(func, "the input must be the ShardTensor")
+    with_idx = bool(a.get("return_indices")) or func in (F.adaptive_max_pool2d_with_indices,
+                                                         F.adaptive_max_pool3d_with_indices)
+    op = _ADAPTIVE_MAX[k] if kind == "max" else func
+    probe = _probe(op, {"input": x, "output_size": a["output_size"]})
+    ax = _spatial_axis(func, x, k, channel_local=True)
+    if ax is None:
+        with no_subclass():
+            if x._spec.sizes[x._spec.rank] == 0:  # torch refuses empty channels, even on meta
+                out = _empty_adaptive(x.to_local(), probe, k, kind)
+            else:
+                out = op(local_of(x), a["output_size"])
+        return wrap(out if with_idx or kind == "avg" else out[0], x._spec, x._spec.dim)
+    out, idx = _adaptive_rows(op, x, k, ax, kind, probe)
+    return (out, idx) if with_idx else out
+
+
+def _empty_adaptive(local: torch.Tensor, probe, k: int, kind: str):
+    """An empty rank's result (no channels or batch rows here), in the input's graph."""
+    shape = list(local.shape)
+    shape[-k:] = list((probe[0] if kind == "max" else probe).shape[-k:])
+    out = local.new_zeros(shape) + local.sum()
+    return (out, torch.zeros(shape, dtype=torch.long)) if kind == "max" else out
+
+
+def _adaptive_rows(op, x: ShardTensor, k: int, ax: int, kind: str, probe):
+    spec, d = x._spec, x._spec.dim
+    out_shape = probe[0].shape if kind == "max" else probe.shape
+    starts, ends = _adaptive_windows(spec.num_global, out_shape[d])
+    centres = torch.tensor([(s + e - 1) // 2 for s, e in zip(starts, ends)], dtype=torch.long)
+    sizes = sizes_by_anchor(spec, out_shape[d], lambda j: centres[j])
+    firsts = offsets_of(sizes)
+    lo = [starts[firsts[r]] if sizes[r] else 0 for r in range(spec.num_ranks)]
+    hi = [ends[firsts[r + 1] - 1] if sizes[r] else 0 for r in range(spec.num_ranks)]
+    j0, cnt, me = firsts[spec.rank], sizes[spec.rank], spec.rank
+    with no_subclass():
+        win = window_rows(x.to_local(), spec, lo, hi, None)
+        if cnt == 0:
+            win = _connected(win, d, 1)
+        other = list(out_shape[-k:])
+        other[ax] = win.shape[d]
+        pooled = op(win, other)
+        idx = None
+        if kind == "max":
+            pooled, idx = pooled
+            nd = win.dim()
+            idx = _global_indices(idx, list(win.shape[nd - k:]), list(spec.global_shape[nd - k:]), ax, lo[me], 1)
+        rows, picks = [], []
+        for j in range(j0, j0 + cnt) if cnt else [None]:
+            span = (starts[j] - lo[me], ends[j] - starts[j]) if j is not None else (0, pooled.shape[d])
+            part = pooled.narrow(d, *span)
+            if kind == "avg":
+                rows.append(part.mean(d, keepdim=True))
+                continue
+            best = part.max(d, keepdim=True)
+            rows.append(best.values)
+            picks.append(idx.narrow(d, *span).gather(d, best.indices))
+        out = _result(torch.cat(rows, d), x, d, sizes, out_shape, cnt)
+    return out, (_result(torch.cat(picks, d), x, d, sizes, out_shape, cnt) if picks else None)
