@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from ..errors import UsageError
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"meshshard plan: file not found: {args.data}")
     if args.json is not None:
         check_out_file("plan", "--json", args.json)
-    from ..planning import plan, print_plan
+    from ..planning import format_plan, plan
 
     report = plan(
         num_points=args.points,
@@ -77,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         kind=args.kind,
         sample=args.sample,
-        progress=not args.quiet,
+        progress=None if args.quiet else _say,
     )
-    print_plan(report)
+    print(format_plan(report))
     if args.json:
         from .._atomic import atomic_write
 
-        atomic_write(args.json, lambda f: json.dump(report, f, indent=1))
+        atomic_write(args.json, lambda f: json.dump(report.to_dict(), f, indent=1))
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
