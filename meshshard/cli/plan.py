@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"meshshard plan: --data must be a file, but {args.data} is a folder")
     if args.data is not None and not os.path.isfile(args.data):
         raise UsageError(f"meshshard plan: file not found: {args.data}")
+    if args.points is not None and args.parts > args.points:
+        raise UsageError(f"meshshard plan: --parts {args.parts} is more than the {args.points:,} points: "
+                         f"{args.parts - args.points:,} ranks would hold nothing; use --parts {args.points} or fewer")
     if args.json is not None:
         check_out_file("plan", "--json", args.json)
     from ..planning import format_plan, plan
