@@ -203,7 +203,7 @@ def _ghosts(n: int, num_parts: int) -> dict:
     for method in ("rcb", "hilbert"):
         part = partition(pts, num_parts, method=method)
         per_rank = [pts[part.perm[part.offsets[i] : part.offsets[i + 1]]] for i in range(num_parts)]
-        rep, wall, _ = _timed(lambda per_rank=per_rank: simulate_halo(per_rank, r))
+        rep, wall, _ = _timed(lambda per_rank=per_rank: simulate_halo(per_rank, r).to_dict())
         rep["simulate_s"] = wall
         rep["ratio_to_ring"] = rep["total_ghost_bytes"] / rep["total_ring_bytes"]
         rep["candidates_over_ghosts"] = sum(rep["num_candidates"]) / max(sum(rep["num_sent"]), 1)

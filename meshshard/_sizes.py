@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["offsets_of", "offsets_tensor"]
+__all__ = ["offsets_of", "offsets_tensor", "ring_bytes"]
 
 
 def offsets_of(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -27,3 +27,13 @@ def offsets_tensor(sizes: torch.Tensor) -> torch.Tensor:
     offsets = torch.zeros(sizes.numel() + 1, dtype=torch.long, device=sizes.device)
     torch.cumsum(sizes.to(torch.long), 0, out=offsets[1:])
     return offsets
+
+
+def ring_bytes(sizes: Sequence[int], row_bytes: int) -> list[int]:
+    """Bytes each rank sends per exchange in a ring that moves every point to every other rank.
+
+    The baseline of the halo reports (planner, :func:`meshshard.halo.simulate_halo`, the graph halo):
+    rank ``r`` sends its ``sizes[r]`` rows of ``row_bytes`` bytes to each of the ``P - 1`` others.
+    """
+    world = len(sizes)
+    return [(world - 1) * int(n) * int(row_bytes) for n in sizes]

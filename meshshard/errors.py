@@ -60,13 +60,19 @@ class MeshReadError(ValueError):
     """A mesh file is not readable (wrong format, truncated) or holds no points."""
 
 
-class UsageError(SystemExit):
-    """A user mistake (a bad argument, a missing file): one line on stderr, exit code 2, no traceback."""
+class UsageError(ValueError):
+    """A mistake in a ``meshshard`` command line (a bad option, a missing file), raised by :mod:`meshshard.cli` only.
+
+    The library never raises it (it raises ``ValueError``/``TypeError`` and the classes above, in API
+    terms); the command prints the message as one line on stderr and exits with :attr:`exit_code`.
+    It is an ``Exception``, never a ``SystemExit``: ``except Exception`` catches it.
+    """
 
     exit_code = 2
 
 
-class RunFailed(SystemExit):
-    """A command that started and failed (training crashed, a run could not be processed): one line, exit 1."""
+class RunFailed(RuntimeError):
+    """A command that started and failed (training crashed, a run could not be processed), raised by
+    :mod:`meshshard.cli` only: one line on stderr, exit code 1."""
 
     exit_code = 1

@@ -26,19 +26,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from . import comm
 from ._checks import check_radius
+from ._records import Record
+from ._sizes import ring_bytes
 from .errors import ShardingError
 from .kernels import points_near_boxes, points_within, sq_dist
 from .partition._ghosts import ghost_sets
 from .tensor import ShardTensor, local_of
 
-__all__ = ["HaloPlan", "check_coordinates", "simulate_halo"]
+__all__ = ["HaloPlan", "HaloReport", "check_coordinates", "simulate_halo"]
 
 
 def check_coordinate_tensor(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
@@ -526,13 +528,41 @@ def build_plan(
     return plan.validate() if comm.validate_enabled() else plan
 
 
+@dataclass(frozen=True)
+class HaloReport(Record):
+    """What :func:`simulate_halo` reports: the size of ``P`` ranks' halo plans (per-rank lists over ranks).
+
+    Reads like a dict too (``report["num_ghosts"]``); :meth:`~meshshard._records.Record.to_dict` for JSON.
+    """
+
+    num_ranks: int
+    radius: float
+    #: Bytes of one exchanged row.
+    row_bytes: int
+    num_owned: list[int]
+    num_ghosts: list[int]
+    #: Rows each rank would send to be checked after the box test only.
+    num_candidates: list[int]
+    num_sent: list[int]
+    #: ``P x P``: ``send_counts[s][r]`` rows rank ``s`` sends rank ``r``.
+    send_counts: list[list[int]]
+    #: Per rank, bytes sent per exchange.
+    ghost_bytes: list[int]
+    #: Per rank, bytes a ring that moves every point to every other rank would send.
+    ring_bytes: list[int]
+    total_ghost_bytes: int
+    total_ring_bytes: int
+    #: Ghosts over owned points, all ranks.
+    ghost_fraction: float
+
+
 def simulate_halo(
     points_per_rank: Sequence[torch.Tensor],
     radius: float,
     queries_per_rank: Sequence[torch.Tensor] | None = None,
     *,
     row_bytes: int | None = None,
-) -> dict[str, Any]:
+) -> HaloReport:
     """Build the halo plans of ``P`` ranks in one process (no process group) and report their size.
 
     The ghosts are the exact ghost sets (:func:`meshshard.partition._ghosts.ghost_sets`, which
@@ -553,7 +583,7 @@ def simulate_halo(
 
     Returns
     -------
-    dict
+    HaloReport
         ``num_owned``, ``num_ghosts``, ``num_candidates`` (after the box test only), ``num_sent``
         (lists over ranks), ``send_counts`` (``P x P``: ``[s][r]`` rows ``s`` sends ``r``),
         ``ghost_bytes`` / ``ring_bytes`` (per rank sent per exchange; the ring moves every point
@@ -588,22 +618,22 @@ def simulate_halo(
     num_sent = [sum(row) for row in send]
     num_ghosts = [len(g) for g in ghosts]
     total = sum(num_owned)
-    ring = [(world - 1) * n * row_bytes for n in num_owned]
-    return {
-        "num_ranks": world,
-        "radius": radius,
-        "row_bytes": int(row_bytes),
-        "num_owned": num_owned,
-        "num_ghosts": num_ghosts,
-        "num_candidates": candidates,
-        "num_sent": num_sent,
-        "send_counts": send,
-        "ghost_bytes": [n * row_bytes for n in num_sent],
-        "ring_bytes": ring,
-        "total_ghost_bytes": sum(num_sent) * row_bytes,
-        "total_ring_bytes": sum(ring),
-        "ghost_fraction": sum(num_ghosts) / max(total, 1),
-    }
+    ring = ring_bytes(num_owned, row_bytes)
+    return HaloReport(
+        num_ranks=world,
+        radius=radius,
+        row_bytes=int(row_bytes),
+        num_owned=num_owned,
+        num_ghosts=num_ghosts,
+        num_candidates=candidates,
+        num_sent=num_sent,
+        send_counts=send,
+        ghost_bytes=[n * row_bytes for n in num_sent],
+        ring_bytes=ring,
+        total_ghost_bytes=sum(num_sent) * row_bytes,
+        total_ring_bytes=sum(ring),
+        ghost_fraction=sum(num_ghosts) / max(total, 1),
+    )
 
 
 def _rank_of_rows(per_rank: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -45,7 +45,7 @@ from ._checks import check_positive_int
 from .comm import all_gather_object, all_reduce, barrier, group_rank_and_size
 from .datasets.synthetic import RHO, U_INF, integrate_forces
 from .device_mesh import init_mesh
-from .errors import CheckpointError, UsageError
+from .errors import CheckpointError
 from .faults import install_excepthook
 from .nn import Transolver, TransolverConfig, sync_gradients
 from .tensor import ShardTensor
@@ -427,7 +427,7 @@ def _setup(dp: int):
         return None, 0, 1
     world = int(os.environ.get("WORLD_SIZE", "1")) if not dist.is_initialized() else dist.get_world_size()
     if dp < 1 or world % dp:
-        raise UsageError(f"meshshard train: --dp {dp} must divide the number of ranks ({world})")
+        raise ValueError(f"dp ({dp}) must divide the number of ranks ({world})")
     mesh = init_mesh((dp, world // dp) if dp > 1 else None)
     dp_rank = mesh.get_local_rank(0) if dp > 1 else 0
     return mesh, dp_rank, dp
@@ -480,7 +480,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
     ds = _dataset(cfg, "train", mesh, cfg.num_points)
     if len(ds) == 0:
-        raise UsageError(f"meshshard train: the store {cfg.store} has no training runs")
+        raise ValueError(f"the store {cfg.store} has no training runs")
     stats = ds.stats
     model = cfg.model()
     opt, sched = _optimizer(cfg, model)

@@ -3,6 +3,8 @@ a cloud without gaps, the model it sizes, its argument checks."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -66,12 +68,21 @@ def test_the_default_model_is_the_transolver_default():
 
 
 def test_plan_api_radius_check():
-    with pytest.raises(SystemExit, match="--radius must be a positive number"):
+    with pytest.raises(ValueError, match=r"^radius must be positive and finite \(got -1.0\)"):
         plan(num_points=100, parts=2, radius=-1.0)
 
 
 @pytest.mark.parametrize("parts", [0, -3])
 def test_plan_api_parts_check(parts):
-    with pytest.raises(SystemExit, match=rf"meshshard plan: --parts must be at least 1 \(got {parts}\)") as info:
+    """The library raises a ValueError in API terms (no command name, no flag); ``except Exception`` catches it."""
+    with pytest.raises(ValueError, match=rf"^parts must be at least 1 \(got {parts}\)$"):
         plan(num_points=100, parts=parts)
-    assert info.value.exit_code == 2
+
+
+def test_plan_is_a_typed_report_that_reads_like_a_dict():
+    report = plan(num_points=400, parts=3)
+    assert report.ranks[1].points == report["ranks"][1]["points"]
+    assert report.estimate is None and report["exact"]
+    assert json.loads(json.dumps(report.to_dict()))["ranks"][0]["rank"] == 0
+    with pytest.raises(KeyError):
+        report["no such field"]

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..errors import RunFailed, UsageError
+from ..errors import RunFailed, ShardingError, UnsupportedOpError, UsageError
 from . import demo, evaluate, partition, plan, preprocess, train
 from ._launch import under_torchrun
 
@@ -60,24 +60,42 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return its exit code.
 
-    A user mistake prints one line on stderr and raises ``SystemExit(2)`` (as argparse does); a
-    command that fails after starting prints one line and raises ``SystemExit(1)``.
+    A user mistake prints one line on stderr and raises ``SystemExit(2)`` (as argparse does): a
+    :class:`~meshshard.errors.UsageError` raised here, or a ``ValueError``/``TypeError``/``ShardingError``/
+    ``UnsupportedOpError`` from the library (prefixed with ``meshshard COMMAND:``; under torchrun these
+    propagate, so the excepthook reports them to the other ranks). A command that fails after
+    starting (:class:`~meshshard.errors.RunFailed`) prints one line and raises ``SystemExit(1)``.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else None
     try:
         code = int(args.func(args) or 0)
-    except SystemExit as exc:
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr, flush=True)
-            raise SystemExit(getattr(exc, "exit_code", 2)) from None
-        raise
+    except (UsageError, RunFailed) as exc:
+        _leave(str(exc), exc.exit_code)
+    except _LIBRARY_ERRORS as exc:
+        if _distributed():
+            raise  # a rank of a torchrun job: the excepthook tells the other ranks, which may wait on this one
+        _leave(f"meshshard {args.command}: {exc}", 2)
     # A rank that raised keeps its process group: the excepthook still reports it to the others.
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if _distributed():
+        sys.modules["torch.distributed"].destroy_process_group()
     return code
+
+
+#: What the library raises for bad input (in API terms); a command turns them into one line and exit code 2.
+_LIBRARY_ERRORS = (ValueError, TypeError, ShardingError, UnsupportedOpError)
+
+
+def _leave(message: str, code: int) -> NoReturn:
+    """The one place the command line prints an error and exits: one line on stderr, ``SystemExit(code)``."""
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(code) from None
+
+
+def _distributed() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def console_main() -> NoReturn:

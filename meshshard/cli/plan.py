@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from ..errors import UsageError
@@ -62,9 +63,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"meshshard plan: --data must be a file, but {args.data} is a folder")
     if args.data is not None and not os.path.isfile(args.data):
         raise UsageError(f"meshshard plan: file not found: {args.data}")
+    if args.points is not None and args.parts > args.points:
+        raise UsageError(f"meshshard plan: --parts {args.parts} is more than the {args.points:,} points: "
+                         f"{args.parts - args.points:,} ranks would hold nothing; use --parts {args.points} or fewer")
     if args.json is not None:
         check_out_file("plan", "--json", args.json)
-    from ..planning import plan, print_plan
+    from ..planning import format_plan, plan
 
     report = plan(
         num_points=args.points,
@@ -77,11 +81,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         kind=args.kind,
         sample=args.sample,
-        progress=not args.quiet,
+        progress=None if args.quiet else _say,
     )
-    print_plan(report)
+    print(format_plan(report))
     if args.json:
         from .._atomic import atomic_write
 
-        atomic_write(args.json, lambda f: json.dump(report, f, indent=1))
+        atomic_write(args.json, lambda f: json.dump(report.to_dict(), f, indent=1))
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

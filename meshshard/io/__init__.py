@@ -22,7 +22,7 @@ Files: ``car.pvtp`` (open this in ParaView), ``car_0.vtp`` ... ``car_7.vtp`` (on
 
 from __future__ import annotations
 
-from ._read import MeshReadError, read_mesh
+from ._read import MeshReadError, read_mesh, read_points
 from ._render import plot_partition_quality, rank_colors, render_partitions
 from ._write import read_partitions, write_local_partition, write_partition_index, write_partitions
 
@@ -30,6 +30,7 @@ __all__ = [
     "MeshReadError",
     "plot_partition_quality",
     "read_mesh",
+    "read_points",
     "rank_colors",
     "render_partitions",
     "read_partitions",

@@ -22,6 +22,7 @@ _EXPORTS = {
     "MeshPartition": "_mesh",
     "partition_mesh": "_mesh",
     "Partition": "_partition",
+    "ghost_counts": "_quality",
     "neighbor_radius": "_quality",
     "quality": "_quality",
     "surface_to_volume_estimate": "_quality",
@@ -32,13 +33,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._core import partition
     from ._mesh import MeshPartition, partition_mesh
     from ._partition import Partition
-    from ._quality import neighbor_radius, quality, surface_to_volume_estimate
+    from ._quality import ghost_counts, neighbor_radius, quality, surface_to_volume_estimate
     from ._repartition import repartition
 
 
 __all__ = [
     "MeshPartition",
     "Partition",
+    "ghost_counts",
     "neighbor_radius",
     "partition",
     "partition_mesh",

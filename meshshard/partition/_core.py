@@ -9,7 +9,7 @@ import torch
 
 from .._checks import check_positive_int
 from ._partition import Partition
-from ._rcb import nearest_boundaries, rcb
+from ._rcb import cum_fractions, nearest_boundaries, rcb
 from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
 from ._validate import as_points, check_fractions, check_method, check_weights, quantize_weights
 
@@ -152,14 +152,8 @@ def partition(
         if weights is None
         else quantize_weights(check_weights(weights, num_points, device), num_points)
     )
-    f = (
-        torch.full((num_parts,), 1.0 / num_parts, dtype=torch.float64, device=device)
-        if fractions is None
-        else check_fractions(fractions, num_parts, device)
-    )
-    cum_fractions = torch.zeros(num_parts + 1, dtype=torch.float64, device=device)
-    torch.cumsum(f, 0, out=cum_fractions[1:])
-    cum_fractions[-1] = 1.0
+    f = None if fractions is None else check_fractions(fractions, num_parts, device)
+    cum = cum_fractions(num_parts, f, device)
 
     if axis_rule not in ("density", "longest"):
         raise ValueError(f"axis_rule must be 'density' or 'longest' (got {axis_rule!r})")
@@ -170,11 +164,11 @@ def partition(
     }
     if method == "rcb":
         params["axis_rule"] = axis_rule
-        owner, regions, boxes = rcb(pts, None if weights is None else w, cum_fractions, axis_rule=axis_rule)
+        owner, regions, boxes = rcb(pts, None if weights is None else w, cum, axis_rule=axis_rule)
     else:
         bits = DEFAULT_BITS[dim]
         params["bits"] = bits
-        owner = _curve_owner(pts, w, cum_fractions, method, bits)
+        owner = _curve_owner(pts, w, cum, method, bits)
         boxes = part_boxes(pts, owner, num_parts)
         regions = boxes
     return Partition.from_owner(owner, num_parts, method=method, params=params, boxes=boxes, regions=regions)

@@ -171,6 +171,10 @@ def ghost_counts(
     From :func:`~._ghosts.ghost_sets`; three LongTensors ``(P,)``. A point that is a ghost of two
     parts is sent twice.
     """
+    radius = check_radius(radius)
+    points = as_points(points)
+    if not isinstance(part, Partition) or part.owner.numel() != points.shape[0]:
+        raise ValueError(f"part must be a Partition of the {points.shape[0]} points (got {type(part).__name__})")
     owner = part.owner.cpu()
     sets = ghost_sets(points, owner, part.num_parts, radius)
     ghosts = torch.tensor([len(s) for s in sets], dtype=torch.long)

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["ShardedOps", "nearest_boundaries", "rcb"]
+__all__ = ["ShardedOps", "cum_fractions", "nearest_boundaries", "rcb"]
 
 
 class ShardedOps(Protocol):
@@ -48,6 +48,26 @@ class ShardedOps(Protocol):
     def select(  # noqa: D102
         self, cand: torch.Tensor, cand_x: torch.Tensor, cand_node: torch.Tensor, need: torch.Tensor
     ) -> torch.Tensor: ...
+
+
+def cum_fractions(
+    num_parts: int, fractions: torch.Tensor | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """``(P + 1,)`` float64 cumulative target shares ``[0, f0, f0 + f1, ..., 1]`` (``1 / P`` each by default).
+
+    The one construction of the partitioners' targets (serial, parallel, and the planner's part
+    sizes): a float64 cumulative sum with the last entry set to exactly 1, so every caller places
+    boundary ``b`` at the same integer.
+    """
+    f = (
+        torch.full((num_parts,), 1.0 / num_parts, dtype=torch.float64, device=device)
+        if fractions is None
+        else fractions.to(torch.float64)
+    )
+    cum = torch.zeros(num_parts + 1, dtype=torch.float64, device=f.device)
+    torch.cumsum(f, 0, out=cum[1:])
+    cum[-1] = 1.0
+    return cum
 
 
 def nearest_boundaries(prefix: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ import torch
 from .. import comm
 from .._checks import check_positive_int
 from ..tensor import ShardTensor
-from ._rcb import rcb
+from ._rcb import cum_fractions, rcb
 from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
 from ._validate import check_method, quantize_weights
 
@@ -215,18 +215,15 @@ def repartition_with_payload(
         total = torch.tensor(float(num_points), dtype=_F64, device=device)
 
     # Cumulative targets built exactly as the serial partitioner builds them.
-    f = torch.full((num_parts,), 1.0 / num_parts, dtype=_F64, device=device)
-    cum_fractions = torch.zeros(num_parts + 1, dtype=_F64, device=device)
-    torch.cumsum(f, 0, out=cum_fractions[1:])
-    cum_fractions[-1] = 1.0
+    cum = cum_fractions(num_parts, device=device)
 
     if num_points == 0:
         owner = torch.zeros(0, dtype=torch.long, device=device)
     elif method == "rcb":
         ops = _RcbOps(num_points, total, group, ids, w)
-        owner = rcb(local, w, cum_fractions, axis_rule=axis_rule, sharded=ops)[0]
+        owner = rcb(local, w, cum, axis_rule=axis_rule, sharded=ops)[0]
     else:
-        owner = _curve_owner(local, ids, w, total, cum_fractions, method, offsets, group, rank, world)
+        owner = _curve_owner(local, ids, w, total, cum, method, offsets, group, rank, world)
     if payload is not None and (payload.dtype != torch.uint8 or payload.ndim != 2 or payload.shape[0] != n_local):
         raise ValueError(f"payload must be ({n_local}, B) uint8 rows (got {payload.dtype} {tuple(payload.shape)})")
     return _move(local, ids, owner, x, group, rank, world, num_parts, payload)

@@ -9,6 +9,7 @@ import pytest
 
 from meshshard.cli import main
 from meshshard.cli.partition import format_quality, register
+from meshshard.errors import UsageError
 from meshshard.partition import Partition
 
 
@@ -89,7 +90,7 @@ def test_user_errors_exit_with_one_line(argv, message, cloud_file, tmp_path):
     txt = tmp_path / "a.txt"
     txt.write_text("x")
     argv = [a.format(cloud=cloud_file, bad=bad, txt=txt) for a in argv]
-    with pytest.raises(SystemExit, match=message) as info:
+    with pytest.raises(UsageError, match=message) as info:  # main() turns it into one line and exit 2
         _main(["partition", *argv])
     assert str(info.value).startswith("meshshard partition: ") and "\n" not in str(info.value)
 

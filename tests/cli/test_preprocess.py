@@ -11,6 +11,7 @@ import pytest
 
 from meshshard.cli.preprocess import register
 from meshshard.datasets import load_meta, make_synthetic_drivaerml
+from meshshard.errors import UsageError
 from meshshard.testing.curator import write_curator_runs
 
 
@@ -35,10 +36,10 @@ def test_preprocess_writes_a_store_and_refuses_bad_arguments(raw_root, tmp_path,
     assert "3 run(s) processed" in out and "cells/s" in out
     assert load_meta(tmp_path / "s")["kinds"] == ["surface"]
     args = _parse(["preprocess", str(tmp_path / "missing"), str(tmp_path / "s")])
-    with pytest.raises(SystemExit, match="DATA_DIR .*missing is not a directory"):
+    with pytest.raises(UsageError, match="DATA_DIR .*missing is not a directory"):
         args.func(args)
     args = _parse(["preprocess", str(raw_root), str(tmp_path / "s"), "--parts", "0"])
-    with pytest.raises(SystemExit, match=r"meshshard preprocess: parts must be positive"):
+    with pytest.raises(UsageError, match=r"meshshard preprocess: parts must be positive"):
         args.func(args)
 
 
@@ -53,7 +54,7 @@ def test_preprocess_reads_physicsnemo_curator_folders(raw_root, tmp_path, capsys
     assert "1 run(s) processed" in capsys.readouterr().out
     assert load_meta(tmp_path / "s")["runs"]["1"]["surface"]["sizes"]["2"]
     bad = _parse(["preprocess", str(curated), str(tmp_path / "t"), "--no-progress"])
-    with pytest.raises(SystemExit, match=r"no run_<i> folders in .*: use source='physicsnemo-curator'\)$"):
+    with pytest.raises(UsageError, match=r"no run_<i> folders in .*: use source='physicsnemo-curator'\)$"):
         bad.func(bad)
 
 
