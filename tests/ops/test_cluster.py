@@ -118,3 +118,37 @@ def test_torch_cluster_calls_equal_the_gathered_call(world):
                 got, want = _sorted(got), _sorted(want)
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
         assert len(errors) == 2 and all("to_local" not in e for e in errors)
+
+
+def _set_abstraction(pos, x):
+    """One PointNet++ set abstraction as PyG's pointnet2 example writes it (fps, radius, PointNetConv)."""
+    from torch_geometric.nn import MLP, PointNetConv, fps, global_max_pool, radius
+
+    torch.manual_seed(0)
+    conv = PointNetConv(MLP([3 + 3, 8, 8]).double(), add_self_loops=False)
+    idx = fps(pos, None, ratio=0.5, random_start=False)  # the example's default random_start=True is refused
+    row, col = radius(pos, pos[idx], 0.4, None, None, max_num_neighbors=64)
+    out = conv((x, x[idx]), (pos, pos[idx]), torch.stack([col, row], dim=0))
+    return out, global_max_pool(out, None)
+
+
+def _sa_on_ranks():
+    pos_all = _cloud()
+    x_all = torch.randn(N, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    pos, x = _shard(pos_all), _shard(x_all).detach().requires_grad_()
+    out, pooled = _set_abstraction(pos, x)
+    (out.square().sum() + pooled.sum()).backward()
+    return out.full_tensor().tolist(), pooled.tolist(), x.grad.full_tensor().tolist()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_pointnet2_set_abstraction_is_exact_forward_and_backward(world):
+    pytest.importorskip("torch_cluster", reason="torch-cluster is not installed")
+    pos = _cloud()
+    x = torch.randn(N, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64).requires_grad_()
+    out, pooled = _set_abstraction(pos, x)
+    (out.square().sum() + pooled.sum()).backward()
+    for got, got_pooled, grad in run_distributed(_sa_on_ranks, world):
+        torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), out.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(torch.tensor(got_pooled, dtype=torch.float64), pooled.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(torch.tensor(grad, dtype=torch.float64), x.grad, rtol=0, atol=1e-12)
