@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import (  # noqa: F401  (registration side effects)
     _attention,
     _cat,
+    _cluster,
     _compose,
     _conv,
     _distance,
