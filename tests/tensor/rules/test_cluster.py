@@ -129,16 +129,18 @@ def _set_abstraction(pos, x):
     idx = fps(pos, None, ratio=0.5, random_start=False)  # the example's default random_start=True is refused
     row, col = radius(pos, pos[idx], 0.4, None, None, max_num_neighbors=64)
     out = conv((x, x[idx]), (pos, pos[idx]), torch.stack([col, row], dim=0))
-    return out, global_max_pool(out, None)
+    return conv, out, global_max_pool(out, None)
 
 
 def _sa_on_ranks():
     pos_all = _cloud()
     x_all = torch.randn(N, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     pos, x = _shard(pos_all), _shard(x_all).detach().requires_grad_()
-    out, pooled = _set_abstraction(pos, x)
+    conv, out, pooled = _set_abstraction(pos, x)
     (out.square().sum() + pooled.sum()).backward()
-    return out.full_tensor().tolist(), pooled.tolist(), x.grad.full_tensor().tolist()
+    ms.nn.sync_gradients(conv, ms.init_mesh())  # replicated weights: their gradients summed over the domain
+    grads = {n: p.grad.tolist() for n, p in conv.named_parameters()}
+    return out.full_tensor().tolist(), pooled.tolist(), x.grad.full_tensor().tolist(), grads
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -146,9 +148,13 @@ def test_pointnet2_set_abstraction_is_exact_forward_and_backward(world):
     pytest.importorskip("torch_cluster", reason="torch-cluster is not installed")
     pos = _cloud()
     x = torch.randn(N, 3, generator=torch.Generator().manual_seed(6), dtype=torch.float64).requires_grad_()
-    out, pooled = _set_abstraction(pos, x)
+    conv, out, pooled = _set_abstraction(pos, x)
     (out.square().sum() + pooled.sum()).backward()
-    for got, got_pooled, grad in run_distributed(_sa_on_ranks, world):
+    for got, got_pooled, grad, param_grads in run_distributed(_sa_on_ranks, world):
+        assert set(param_grads) == {n for n, _ in conv.named_parameters()}
+        for name, p in conv.named_parameters():
+            torch.testing.assert_close(torch.tensor(param_grads[name], dtype=torch.float64), p.grad,
+                                       rtol=0, atol=1e-12, msg=name)
         torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), out.detach(), rtol=0, atol=1e-12)
         torch.testing.assert_close(torch.tensor(got_pooled, dtype=torch.float64), pooled.detach(), rtol=0, atol=1e-12)
         torch.testing.assert_close(torch.tensor(grad, dtype=torch.float64), x.grad, rtol=0, atol=1e-12)
