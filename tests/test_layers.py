@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "meshshard._spawn": 0,
     "meshshard._config": 0,  # TransolverConfig: standard library only, so the CLI's --help stays light
     "meshshard._keyed_random": 0,  # counter-based random numbers
+    "meshshard._records": 0,  # frozen report records with dict-style access (standard library only)
     "meshshard.partition": 1,  # geometry
     "meshshard.kernels": 2,  # local neighbour kernels
     "meshshard.comm": 3,

@@ -27,6 +27,8 @@ CROSS_CUTTING = {
     "test_example_transolver.py": "examples/train_transolver_drivaerml.py, a complete script",
     "tensor/test_opinfo_sweep.py": "torch's OpInfo database against every sharding rule",
     "tensor/test_findings.py": "the tensor core's past silent wrong answers, one regression test each",
+    "tensor/rules/test_adaptive.py": "adaptive pools of tensor/_rules/_grid.py (test_grid.py holds the other grid ops)",
+    "test_boundary.py": "the library/applications boundary: no exit outside meshshard/cli, errors are Exceptions",
 }
 
 
