@@ -47,7 +47,7 @@ test-peers: $(VENV)/.stamp-peers
 	$(BIN)/python -m pytest -q tests
 
 lint: $(VENV)/.stamp-dev
-	$(BIN)/ruff check meshshard tests benchmarks examples
+	$(BIN)/ruff check meshshard tests benchmarks examples tools
 
 bench: $(VENV)/.stamp-dev
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
@@ -57,7 +57,7 @@ bench: $(VENV)/.stamp-dev
 # make gpu-check GPU_CHECK_ARGS=--dry (automatic without CUDA; `make test` runs it too).
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
-	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m meshshard.testing.gpu_check $(GPU_CHECK_ARGS)
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(GPU_PY) -m tools.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

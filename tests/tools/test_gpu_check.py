@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from meshshard.testing.gpu_check import CHECKS, format_table
+from tools.gpu_check import CHECKS, format_table
 
 ROOT = Path(__file__).resolve().parents[2]
 HARDWARE_ONLY = {"sharded_multigpu_nccl"}  # needs several GPUs: skipped, saying why
@@ -20,7 +20,7 @@ def _run(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 1
     out = tmp_path / "report.json"
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "meshshard.testing.gpu_check", "--dry", "--out", str(out), *args],
+        [sys.executable, "-m", "tools.gpu_check", "--dry", "--out", str(out), *args],
         env={**os.environ, "PYTHONPATH": path, **(env or {})},
         capture_output=True,
         text=True,

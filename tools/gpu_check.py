@@ -1,6 +1,6 @@
 """The CUDA path, checked in one command: correctness, several ranks, figures; a JSON report and a table.
 
-    python -m meshshard.testing.gpu_check [--dry] [--out PATH] [--budget SECONDS] [--only NAME ...]
+    python -m tools.gpu_check [--dry] [--out PATH] [--budget SECONDS] [--only NAME ...]
     make gpu-check [GPU_CHECK_ARGS="--dry" | GPU_CHECK_ARGS="--out /some/dir/gpu_check.json"]
 
 Accelerator time comes in short slots, so the whole CUDA path is prepared in advance and checked in one
@@ -566,6 +566,30 @@ def _grad_floor(grads: dict[str, torch.Tensor]) -> float:
     return 1e-3 * math.sqrt(sum(float(g.detach().double().norm()) ** 2 for g in grads.values()))
 
 
+@dataclass
+class _RankCase:
+    """One rank's view of the sharded-equals-serial suite: its shard of the cloud, and what it found."""
+
+    mesh: Any
+    device: str
+    rank: int
+    world: int
+    sizes: list[int]
+    mine: slice  # this rank's rows in partition order
+    problems: list[str] = field(default_factory=list)
+    errs: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, dict] = field(default_factory=dict)
+
+    def shard(self, global_tensor: torch.Tensor, grad: bool = False) -> tuple[Any, torch.Tensor]:
+        import meshshard as ms
+
+        leaf = global_tensor[self.mine].detach().clone().requires_grad_(grad)
+        return ms.ShardTensor.from_local(leaf, self.mesh, sizes=self.sizes), leaf
+
+    def compare(self, name: str, got: torch.Tensor, ref: torch.Tensor, tol: float, floor: float = 0.0) -> None:
+        _compare(self.problems, self.errs, name, got, ref, tol, floor)
+
+
 def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -> dict:
     """On every rank: sharded ops, neighbour search, Transolver, PointConv and chunked inference on this
     rank's shard equal the serial computation on the gathered data (same device), with their collective
@@ -584,9 +608,6 @@ def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -
         torch.cuda.set_device(torch.device(device))
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = ms.init_mesh()
-    problems: list[str] = []
-    errs: dict[str, float] = {}
-    counts: dict[str, dict] = {}
     pts_all = _cloud(n, 11).to(device)
     part = partition(pts_all, world, "rcb", fractions=fractions)
     sizes = [int(s) for s in part.sizes.tolist()]
@@ -594,18 +615,25 @@ def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -
     pts = pts_all[part.perm]  # partition order: rank r owns rows [off, off + sizes[r])
     gen = torch.Generator().manual_seed(12)
     feats64 = torch.randn(n, 6, generator=gen, dtype=torch.float64).to(device)
-    mine = slice(off, off + sizes[rank])
+    case = _RankCase(mesh, device, rank, world, sizes, slice(off, off + sizes[rank]))
+    _suite_rules(case, feats64)
+    radius, k = _radius_for(n, 16), 12
+    nbr_status = _suite_neighbours(case, pts, radius, k)
+    _suite_transolver(case, feats64, n, small)
+    _suite_pointconv(case, pts, feats64, radius, k)
+    return {"rank": rank, "device": device, "sizes": sizes, "problems": case.problems, "max_rel_err": case.errs,
+            "neighbour_backends": nbr_status, "collectives": case.counts}
 
-    def shard(global_tensor: torch.Tensor, grad: bool = False) -> tuple[ms.ShardTensor, torch.Tensor]:
-        leaf = global_tensor[mine].detach().clone().requires_grad_(grad)
-        return ms.ShardTensor.from_local(leaf, mesh, sizes=sizes), leaf
 
-    # ShardTensor rules (float64: exact up to summation order)
-    x, leaf = shard(feats64, grad=True)
+def _suite_rules(case: _RankCase, feats64: torch.Tensor) -> None:
+    """ShardTensor rules (float64: exact up to summation order), and backward through a sharded reduction."""
+    import meshshard as ms
+
+    x, leaf = case.shard(feats64, grad=True)
     ref = feats64.detach().clone().requires_grad_()
     torch.manual_seed(0)  # the same replicated weights on every rank
-    lin = torch.nn.Linear(6, 5).to(device, torch.float64)
-    norm = torch.nn.LayerNorm(6).to(device, torch.float64)
+    lin = torch.nn.Linear(6, 5).to(case.device, torch.float64)
+    norm = torch.nn.LayerNorm(6).to(case.device, torch.float64)
     ops = {
         "pointwise": lambda t: torch.sin(t) * 2 + t.relu(),
         "sum(0)": lambda t: t.sum(0),
@@ -625,16 +653,20 @@ def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -
     for name, op in ops.items():
         with ms.CommCounter() as cc:
             got = op(x)
-        counts[name] = dict(cc.counts)
-        _compare(problems, errs, name, _plain(got), op(ref), 1e-10)
+        case.counts[name] = dict(cc.counts)
+        case.compare(name, _plain(got), op(ref), 1e-10)
     # backward through a sharded reduction and a sharded softmax
     ((torch.softmax(x, 0) * x).sum() + x.pow(2).mean()).backward()
     ((torch.softmax(ref, 0) * ref).sum() + ref.pow(2).mean()).backward()
-    _compare(problems, errs, "backward(softmax, mean)", leaf.grad, ref.grad[mine], 1e-10)
+    case.compare("backward(softmax, mean)", leaf.grad, ref.grad[case.mine], 1e-10)
 
-    # neighbour search: global indices of the sharded result equal the serial rows, every backend
-    radius, k = _radius_for(n, 16), 12
-    p_shard, _ = shard(pts)
+
+def _suite_neighbours(case: _RankCase, pts: torch.Tensor, radius: float, k: int) -> dict[str, str]:
+    """Global indices of the sharded ``ball_query``/``knn`` equal the serial rows, every backend; returns which
+    backends ran."""
+    import meshshard as ms
+
+    p_shard, _ = case.shard(pts)
     nbr_status = {}
     for backend in backends():
         try:  # decided identically on every rank: the package is there or not
@@ -654,12 +686,18 @@ def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -
                 want = ms.ops.ball_query(pts, None, radius, k, backend=backend)
             else:
                 want = ms.ops.knn(pts, None, k, backend=backend)
-            counts[f"{op}/{backend}"] = dict(cc.counts)
+            case.counts[f"{op}/{backend}"] = dict(cc.counts)
+            mine = case.mine
             if not torch.equal(got.global_index(), want.index[mine]) or not torch.equal(got.count, want.count[mine]):
-                problems.append(f"{op}/{backend}: sharded rows differ from the serial rows")
+                case.problems.append(f"{op}/{backend}: sharded rows differ from the serial rows")
         nbr_status[backend] = "ok"
+    return nbr_status
 
-    # Transolver forward/backward + sync_gradients, float64 and float32; chunked inference on shards
+
+def _suite_transolver(case: _RankCase, feats64: torch.Tensor, n: int, small: bool) -> None:
+    """Transolver forward/backward + sync_gradients, float64 and float32; chunked inference on shards."""
+    import meshshard as ms
+
     width, layers, heads, slices = (16, 2, 2, 4) if small else (64, 3, 4, 16)
     runs = [(torch.float64, 1e-9, {}), (torch.float32, 1e-4, {})]
     runs += [(torch.float64, 1e-9, v) for v in transolver_variants() if v and v != {"variant": "plain"}]
@@ -667,7 +705,7 @@ def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -
         tag = str(dtype).replace("torch.", "") + _variant_tag(variant)
         torch.manual_seed(0)
         model = ms.nn.Transolver(6, 4, n_hidden=width, n_layers=layers, n_head=heads, slice_num=slices, **variant)
-        model = model.to(device, dtype)
+        model = model.to(case.device, dtype)
         sharded_model = copy.deepcopy(model)  # the same state (e.g. the seed of Transolver++'s noise)
         g = feats64.to(dtype)
         ref_x = g.clone().requires_grad_()
@@ -675,51 +713,53 @@ def _rank_suite(kind: str, n: int, fractions: list[float] | None, small: bool) -
         ref_y.pow(2).mean().backward()
         ref_grads = {k2: p.grad.clone() for k2, p in model.named_parameters()}
         floor = _grad_floor(ref_grads)
-        xs, xleaf = shard(g, grad=True)
+        xs, xleaf = case.shard(g, grad=True)
         with ms.CommCounter() as fwd:
             y = sharded_model(xs)
         loss = y.pow(2).mean()
         with ms.CommCounter() as bwd:
             loss.backward()
-        ms.nn.sync_gradients(sharded_model, mesh)
-        counts[f"Transolver/{tag}"] = {"forward": dict(fwd.counts), "backward": dict(bwd.counts)}
-        _compare(problems, errs, f"Transolver/{tag}/output", _plain(y), ref_y, tol)
-        _compare(problems, errs, f"Transolver/{tag}/input grad", xleaf.grad, ref_x.grad[mine], tol)
+        ms.nn.sync_gradients(sharded_model, case.mesh)
+        case.counts[f"Transolver/{tag}"] = {"forward": dict(fwd.counts), "backward": dict(bwd.counts)}
+        case.compare(f"Transolver/{tag}/output", _plain(y), ref_y, tol)
+        case.compare(f"Transolver/{tag}/input grad", xleaf.grad, ref_x.grad[case.mine], tol)
         for k2, p in sharded_model.named_parameters():
-            _compare(problems, errs, f"Transolver/{tag}/grad {k2}", p.grad, ref_grads[k2], tol, floor)
-        if world > 1 and not variant and fwd.counts.get("all_reduce", 0) != layers:
-            problems.append(
+            case.compare(f"Transolver/{tag}/grad {k2}", p.grad, ref_grads[k2], tol, floor)
+        if case.world > 1 and not variant and fwd.counts.get("all_reduce", 0) != layers:
+            case.problems.append(
                 f"Transolver/{tag}: {fwd.counts.get('all_reduce', 0)} forward all_reduces, expected one per "
                 f"layer ({layers})"
             )
         model.eval()
         with torch.no_grad():
             full = model(g)
-            chunked = ms.nn.chunked_forward(model, shard(g)[0], max(1, n // (3 * world)))
-        _compare(problems, errs, f"chunked_forward/{tag}", _plain(chunked), full, tol)
+            chunked = ms.nn.chunked_forward(model, case.shard(g)[0], max(1, n // (3 * case.world)))
+        case.compare(f"chunked_forward/{tag}", _plain(chunked), full, tol)
 
-    # PointConv: halo exchange of features and positions, forward and backward
+
+def _suite_pointconv(case: _RankCase, pts: torch.Tensor, feats64: torch.Tensor, radius: float, k: int) -> None:
+    """PointConv: halo exchange of features and positions, forward and backward."""
+    import meshshard as ms
+
     torch.manual_seed(0)
-    conv = ms.nn.PointConv(6, 8, hidden_channels=(16,)).to(device, torch.float64)
+    conv = ms.nn.PointConv(6, 8, hidden_channels=(16,)).to(case.device, torch.float64)
     pos64 = pts.to(torch.float64)
     ref_f = feats64.clone().requires_grad_()
     ref_out = conv(ref_f, pos64, ms.ops.ball_query(pos64, None, radius, k))
     ref_out.pow(2).sum().backward()
     ref_grads = {k2: p.grad.clone() for k2, p in conv.named_parameters()}
     conv.zero_grad(set_to_none=True)
-    f_shard, f_leaf = shard(feats64, grad=True)
-    pos_shard, _ = shard(pos64)
+    f_shard, f_leaf = case.shard(feats64, grad=True)
+    pos_shard, _ = case.shard(pos64)
     with ms.CommCounter() as cc:
         out = conv(f_shard, pos_shard, ms.ops.ball_query(pos_shard, None, radius, k))
         out.pow(2).sum().backward()
-    ms.nn.sync_gradients(conv, mesh)
-    counts["PointConv"] = dict(cc.counts)
-    _compare(problems, errs, "PointConv/output", _plain(out), ref_out, 1e-10)
-    _compare(problems, errs, "PointConv/input grad", f_leaf.grad, ref_f.grad[mine], 1e-10)
+    ms.nn.sync_gradients(conv, case.mesh)
+    case.counts["PointConv"] = dict(cc.counts)
+    case.compare("PointConv/output", _plain(out), ref_out, 1e-10)
+    case.compare("PointConv/input grad", f_leaf.grad, ref_f.grad[case.mine], 1e-10)
     for k2, p in conv.named_parameters():
-        _compare(problems, errs, f"PointConv/grad {k2}", p.grad, ref_grads[k2], 1e-10)
-    return {"rank": rank, "device": device, "sizes": sizes, "problems": problems, "max_rel_err": errs,
-            "neighbour_backends": nbr_status, "collectives": counts}
+        case.compare(f"PointConv/grad {k2}", p.grad, ref_grads[k2], 1e-10)
 
 
 def _run_pool(world: int, backend: str, ctx: Context, fn: Callable, *args: Any) -> list:
@@ -795,7 +835,7 @@ def check_multigpu_nccl(ctx: Context) -> str:
 
 def _module_fn(name: str) -> Callable:
     """A function of this module by its importable name (pickled by reference for worker ranks)."""
-    return getattr(importlib.import_module("meshshard.testing.gpu_check"), name)
+    return getattr(importlib.import_module("tools.gpu_check"), name)
 
 
 def _suite_fn() -> Callable:
@@ -857,8 +897,6 @@ def _peer_warp(pts: torch.Tensor, radius: float) -> Callable[[], Any] | None:
 
 def check_fig_neighbors(ctx: Context) -> str:
     """Ball query (K = 32, ~30 neighbours) and kNN (k = 16) on 1M and 10M device points, every backend."""
-    import meshshard as ms
-
     sizes = (2_000, 6_000) if ctx.dry else (1_000_000, 10_000_000)
     k_ball, k_nn = 32, 16
     rows: dict[str, dict] = {}
@@ -871,78 +909,97 @@ def check_fig_neighbors(ctx: Context) -> str:
         radius = _radius_for(n, 30)
         entries: dict[str, Any] = {}
         rows[f"{n}"] = entries
-        for backend in backends():
-            for op in ("ball_query", "knn"):
-                key = f"{op}/{backend}"
-                skip = _predict_skip(ctx, last.get(key), n / sizes[0]) if n != sizes[0] else None
-                if skip:
-                    entries[key] = skip
-                    continue
-                try:
-                    if op == "ball_query":
-                        ms.ops.ball_query(warm, None, _radius_for(2000, 30), k_ball, backend=backend)
-                        base = _reset_peak(ctx.device)
-                        nbr, sec = _timed(ctx.device, ms.ops.ball_query, pts, None, radius, k_ball, backend=backend)
-                    else:
-                        ms.ops.knn(warm, None, k_nn, backend=backend)
-                        base = _reset_peak(ctx.device)
-                        nbr, sec = _timed(ctx.device, ms.ops.knn, pts, None, k_nn, backend=backend)
-                    entries[key] = {"s": round(sec, 3), "peak_mib": _peak_mib(ctx.device, base),
-                                    "mean_count": round(float(nbr.count.double().mean()), 2)}
-                    last[key] = sec
-                    del nbr
-                except Exception as exc:
-                    if _unavailable(exc):
-                        entries[key] = "unavailable"
-                    elif _is_oom(exc):
-                        entries[key] = f"out of memory: {str(exc).splitlines()[0][:160]}"
-                    else:
-                        raise
-                _free(ctx.device)
-                ctx.save()
-        peers = {
-            "torch_cluster.radius": _peer_torch_cluster(pts, radius, k_ball),
-            # warp compiles its kernel on first use (seconds on the CPU): a GPU peer only
-            "warp.HashGrid count": None if ctx.dry else _peer_warp(pts, radius),
-        }
-        for name, run in peers.items():
-            if run is None:
-                entries[name] = "unavailable"
-                continue
-            skip = _predict_skip(ctx, last.get(name), n / sizes[0]) if n != sizes[0] else None
-            if skip:
-                entries[name] = skip
-                continue
-            try:
-                run()  # warm-up (compilation, allocator)
-                base = _reset_peak(ctx.device)
-                _, sec = _timed(ctx.device, run)
-                entries[name] = {"s": round(sec, 3), "peak_mib": _peak_mib(ctx.device, base)}
-                last[name] = sec
-            except Exception as exc:
-                entries[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            _free(ctx.device)
-            ctx.save()
-        skip = _predict_skip(ctx, last.get("scipy.cKDTree"), (n / sizes[0]) * 1.2) if n != sizes[0] else None
-        if skip:
-            entries["scipy.cKDTree query (CPU)"] = skip
-        else:
-            try:
-                from scipy.spatial import cKDTree
-
-                host = pts.cpu().numpy()
-                t0 = time.perf_counter()
-                cKDTree(host).query(host, k=k_ball, distance_upper_bound=radius, workers=-1)
-                last["scipy.cKDTree"] = time.perf_counter() - t0
-                entries["scipy.cKDTree query (CPU)"] = {"s": round(last["scipy.cKDTree"], 3)}
-            except ImportError:
-                entries["scipy.cKDTree query (CPU)"] = "unavailable"
+        growth = n / sizes[0] if n != sizes[0] else None
+        _fig_neighbors_backends(ctx, entries, last, growth, pts, warm, radius, k_ball, k_nn)
+        _fig_neighbors_peers(ctx, entries, last, growth, pts, radius, k_ball)
         ctx.save()
         pts = None
         _free(ctx.device)
     done = [f"{key} {v['s']:.2f}s" for n, e in rows.items() for key, v in e.items()
             if isinstance(v, dict) and key.startswith("ball_query") and n == str(sizes[-1])]
     return f"{sizes[-1]} pts: " + (", ".join(done) if done else "no backend finished")
+
+
+def _fig_neighbors_backends(
+    ctx: Context, entries: dict, last: dict, growth: float | None, pts: torch.Tensor, warm: torch.Tensor,
+    radius: float, k_ball: int, k_nn: int,
+) -> None:
+    """Time ``ball_query`` and ``knn`` of every kernel backend on ``pts`` (``growth``: the size's ratio to the
+    first size, ``None`` for the first; a size predicted not to fit what is left is skipped)."""
+    import meshshard as ms
+
+    for backend in backends():
+        for op in ("ball_query", "knn"):
+            key = f"{op}/{backend}"
+            skip = _predict_skip(ctx, last.get(key), growth) if growth is not None else None
+            if skip:
+                entries[key] = skip
+                continue
+            try:
+                if op == "ball_query":
+                    ms.ops.ball_query(warm, None, _radius_for(2000, 30), k_ball, backend=backend)
+                    base = _reset_peak(ctx.device)
+                    nbr, sec = _timed(ctx.device, ms.ops.ball_query, pts, None, radius, k_ball, backend=backend)
+                else:
+                    ms.ops.knn(warm, None, k_nn, backend=backend)
+                    base = _reset_peak(ctx.device)
+                    nbr, sec = _timed(ctx.device, ms.ops.knn, pts, None, k_nn, backend=backend)
+                entries[key] = {"s": round(sec, 3), "peak_mib": _peak_mib(ctx.device, base),
+                                "mean_count": round(float(nbr.count.double().mean()), 2)}
+                last[key] = sec
+                del nbr
+            except Exception as exc:
+                if _unavailable(exc):
+                    entries[key] = "unavailable"
+                elif _is_oom(exc):
+                    entries[key] = f"out of memory: {str(exc).splitlines()[0][:160]}"
+                else:
+                    raise
+            _free(ctx.device)
+            ctx.save()
+
+
+def _fig_neighbors_peers(
+    ctx: Context, entries: dict, last: dict, growth: float | None, pts: torch.Tensor, radius: float, k_ball: int
+) -> None:
+    """Time the peers on the same points: torch_cluster, warp's raw ``HashGrid``, scipy's ``cKDTree`` (CPU)."""
+    peers = {
+        "torch_cluster.radius": _peer_torch_cluster(pts, radius, k_ball),
+        # warp compiles its kernel on first use (seconds on the CPU): a GPU peer only
+        "warp.HashGrid count": None if ctx.dry else _peer_warp(pts, radius),
+    }
+    for name, run in peers.items():
+        if run is None:
+            entries[name] = "unavailable"
+            continue
+        skip = _predict_skip(ctx, last.get(name), growth) if growth is not None else None
+        if skip:
+            entries[name] = skip
+            continue
+        try:
+            run()  # warm-up (compilation, allocator)
+            base = _reset_peak(ctx.device)
+            _, sec = _timed(ctx.device, run)
+            entries[name] = {"s": round(sec, 3), "peak_mib": _peak_mib(ctx.device, base)}
+            last[name] = sec
+        except Exception as exc:
+            entries[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        _free(ctx.device)
+        ctx.save()
+    skip = _predict_skip(ctx, last.get("scipy.cKDTree"), growth * 1.2) if growth is not None else None
+    if skip:
+        entries["scipy.cKDTree query (CPU)"] = skip
+        return
+    try:
+        from scipy.spatial import cKDTree
+
+        host = pts.cpu().numpy()
+        t0 = time.perf_counter()
+        cKDTree(host).query(host, k=k_ball, distance_upper_bound=radius, workers=-1)
+        last["scipy.cKDTree"] = time.perf_counter() - t0
+        entries["scipy.cKDTree query (CPU)"] = {"s": round(last["scipy.cKDTree"], 3)}
+    except ImportError:
+        entries["scipy.cKDTree query (CPU)"] = "unavailable"
 
 
 def _transolver_config(ctx: Context) -> dict:
@@ -1318,14 +1375,14 @@ def format_table(report: dict) -> str:
 
 
 def _default_out(dry: bool) -> Path:
-    root = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     base = root if root.is_dir() else Path.cwd()
     return base / ("gpu_check_dry.json" if dry else "gpu_check.json")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m meshshard.testing.gpu_check",
+        prog="python -m tools.gpu_check",
         description="Check meshshard's CUDA path in one run (dry mode on the CPU without CUDA).",
     )
     parser.add_argument("--dry", action="store_true", help="tiny sizes on the CPU (automatic without CUDA)")
@@ -1361,4 +1418,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the copy imported under the module's real name, so worker ranks can unpickle its functions.
-    sys.exit(importlib.import_module("meshshard.testing.gpu_check").main())
+    sys.exit(importlib.import_module("tools.gpu_check").main())
