@@ -11,8 +11,9 @@ core (:mod:`meshshard.tensor`), which registers the sharding rules.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -43,16 +44,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .tensor import ReplicatedTensor, ShardSpec, ShardTensor, register_rule, scatter  # noqa: F401
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module 'meshshard' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)

@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "meshshard._config": 0,  # TransolverConfig: standard library only, so the CLI's --help stays light
     "meshshard._keyed_random": 0,  # counter-based random numbers
     "meshshard._records": 0,  # frozen report records with dict-style access (standard library only)
+    "meshshard._lazy": 0,  # the packages' PEP 562 lazy names (standard library only)
     "meshshard.partition": 1,  # geometry
     "meshshard.kernels": 2,  # local neighbour kernels
     "meshshard.comm": 3,

@@ -6,6 +6,7 @@ torch-geometric, which takes seconds: they load on first use.
 
 from __future__ import annotations
 
+from .._lazy import lazy_exports
 from .parallel import sync_gradients
 from .physics_attention import PhysicsAttention
 from .point_conv import PointConv
@@ -29,9 +30,4 @@ __all__ = [
 _LAZY = {"DomainParallel": "domain_parallel", "MeshGraphNet": "meshgraphnet", "MeshGraphNetBlock": "meshgraphnet"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'meshshard.nn' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -13,8 +13,9 @@ the same partition of a sharded ``ShardTensor`` cloud on its ranks, without gath
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 #: public name -> submodule; imported on first use so that ``meshshard partition --help`` stays fast
 _EXPORTS = {
@@ -50,13 +51,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
