@@ -4,6 +4,8 @@
 >>> mesh = ms.init_mesh()                                   # doctest: +SKIP
 >>> x = ms.ShardTensor.from_local(local, mesh, sizes=part.sizes.tolist())   # doctest: +SKIP
 
+Not run as a doctest: ``init_mesh`` needs a process group (under ``torchrun``).
+
 Names are imported on first use (PEP 562), so ``import meshshard`` and the ``meshshard`` command's
 ``--help`` do not pay for importing torch; the first ``ShardTensor``-related name imports the tensor
 core (:mod:`meshshard.tensor`), which registers the sharding rules.

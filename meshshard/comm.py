@@ -69,6 +69,8 @@ class CommCounter:
     >>> cc.counts["all_reduce"]          # doctest: +SKIP
     1
 
+    Not run as a doctest: ``x`` is a ``ShardTensor``, which needs a process group.
+
     ``counts`` maps a collective's name (``all_reduce``, ``all_to_all``, ``all_gather``) to how
     many times it ran, forward and backward alike; ``bytes_sent`` maps it to the bytes this rank
     put on the wire (an all-reduce counts its buffer once). Counters compare by identity

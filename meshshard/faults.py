@@ -138,6 +138,8 @@ def report_failures(op: str = "user code") -> Iterator[None]:
     >>> with report_failures("forward"):          # doctest: +SKIP
     ...     y = model(x)
 
+    Not run as a doctest: the report goes to the other ranks of a process group.
+
     The other ranks, blocked in their next collective, then raise a
     :class:`~meshshard.errors.CollectiveError` naming this rank, ``op`` and the exception.
     """

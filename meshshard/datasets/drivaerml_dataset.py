@@ -89,6 +89,8 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
     >>> ds = DrivaerMLDataset("store", split="train", mesh=None)        # doctest: +SKIP
     >>> sample = ds[0]; sample["pos"].shape, sample["pMeanTrim"].shape  # doctest: +SKIP
     (torch.Size([20020, 3]), torch.Size([20020]))
+
+    Not run as a doctest: it needs a preprocessed store (``meshshard preprocess``).
     """
 
     def __init__(

@@ -16,6 +16,9 @@ for :mod:`meshshard.datasets`. :func:`render_partitions` draws an off-screen PNG
 >>> index = ms.io.write_partitions(car, part, "out/car.pvtp", ghost_radius=0.02)  # doctest: +SKIP
 >>> ms.io.render_partitions(car, part, "out/car.png")                      # doctest: +SKIP
 
+Not run as a doctest: ``car`` stands for a surface mesh of your own, and rendering needs an off-screen
+OpenGL context.
+
 Files: ``car.pvtp`` (open this in ParaView), ``car_0.vtp`` ... ``car_7.vtp`` (one per rank) and
 ``car.vtpd`` (``pyvista.read`` gives a PartitionedDataSet, one partition per rank).
 """

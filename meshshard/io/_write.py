@@ -203,10 +203,10 @@ def write_partitions(
 
     Examples
     --------
-    >>> import torch, meshshard.io as msio
+    >>> import tempfile, torch, meshshard.io as msio
     >>> from meshshard.partition import Partition
     >>> part = Partition(perm=torch.tensor([2, 0, 1, 3]), sizes=torch.tensor([1, 3]))
-    >>> msio.write_partitions(torch.rand(4, 3), part, "/tmp/ms_doc/cloud.pvtp").name
+    >>> msio.write_partitions(torch.rand(4, 3), part, f"{tempfile.mkdtemp()}/cloud.pvtp").name
     'cloud.pvtp'
     """
     ds = as_dataset(data, fields)

@@ -1,8 +1,13 @@
 """Geometric partitioners: split a point cloud or mesh into spatially compact, contiguous parts.
 
+>>> import torch
 >>> from meshshard.partition import partition, quality, Partition
->>> part = partition(points, num_parts, method="rcb")      # doctest: +SKIP
->>> part.perm, part.sizes, part.offsets, part.owner         # doctest: +SKIP
+>>> points = torch.rand(1000, 3, generator=torch.Generator().manual_seed(0))
+>>> part = partition(points, 4, method="rcb")
+>>> part.sizes.tolist(), part.offsets.tolist()
+([250, 250, 250, 250], [0, 250, 500, 750, 1000])
+>>> part.owner[part.perm[250:253]].tolist()     # owner: the part of each original point
+[1, 1, 1]
 
 A :class:`Partition` is a permutation (``perm``: new order -> original index) plus per-part
 ``sizes``; part ``r`` is ``perm[offsets[r]:offsets[r + 1]]``. Methods: ``"rcb"`` (recursive

@@ -154,6 +154,8 @@ def repartition(
     >>> part = ms.partition.partition(x.full_tensor(), world_size, "hilbert")  # doctest: +SKIP
     >>> torch.equal(ids.full_tensor(), part.perm)        # doctest: +SKIP
     True
+
+    Not run as a doctest: ``x`` is a sharded ``ShardTensor``, which needs a process group of several ranks.
     """
     points, ids, _, _ = repartition_with_payload(x, method, weights, axis_rule=axis_rule, num_parts=num_parts)
     return points, ids
