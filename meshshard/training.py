@@ -1,7 +1,8 @@
 """Domain-parallel training and evaluation of a Transolver or MeshGraphNet surrogate on a DrivaerML store.
 
 The loop behind ``meshshard train`` and ``meshshard evaluate``, public so that scripts can run it:
-``train(TrainConfig(store, out, steps=..., n_hidden=...))`` and ``evaluate(store, checkpoint)``.
+``train(TrainConfig(store, out, steps=..., model_config=TransolverConfig(n_hidden=...)))`` and
+``evaluate(store, checkpoint)``.
 
 Run under ``torchrun`` (one process per rank; gloo on CPU, NCCL on CUDA) or as one process.
 Every rank holds one shard of each sample (read from its contiguous slice of the store, no
@@ -26,6 +27,7 @@ that holds the few Python objects such files could hold is rewritten by :func:`c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -33,7 +35,8 @@ import pathlib
 import pickle
 import resource
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,7 @@ from .tensor import ShardTensor
 
 __all__ = [
     "TrainConfig",
+    "MeshGraphNetConfig",
     "train",
     "evaluate",
     "features",
@@ -61,27 +65,67 @@ __all__ = [
     "CHECKPOINT_KEYS",
     "TARGETS",
     "INPUTS",
+    "TARGET_CHANNELS",
+    "INPUT_CHANNELS",
 ]
 
-#: Surface inputs (normalised position, unit normal) and targets (DrivaerML names), in channel order.
-INPUTS = ("pos", "normals")
-TARGETS = ("pMeanTrim", "wallShearStressMeanTrim")
+#: The channel layout, defined once: the surface inputs and targets (DrivaerML names) with their widths, in
+#: channel order. :func:`features` builds the columns in this order, the models' ``in_dim``/``out_dim`` are
+#: the sums, and :func:`evaluate` reads each predicted field from its slice.
+INPUT_CHANNELS = {"pos": 3, "normals": 3}
+TARGET_CHANNELS = {"pMeanTrim": 1, "wallShearStressMeanTrim": 3}
+INPUTS = tuple(INPUT_CHANNELS)
+TARGETS = tuple(TARGET_CHANNELS)
+IN_DIM = sum(INPUT_CHANNELS.values())
+OUT_DIM = sum(TARGET_CHANNELS.values())
+#: MeshGraphNet's edge inputs (:func:`_predict`): the standardised relative position and its length.
+EDGE_DIM = 3 + 1
 #: The models ``TrainConfig.arch`` names.
 ARCHS = ("transolver", "transolver++", "meshgraphnet")
-_TARGET_CHANNELS = {"pMeanTrim": slice(0, 1), "wallShearStressMeanTrim": slice(1, 4)}
+
+
+def _slices(widths: dict[str, int]) -> dict[str, slice]:
+    starts = [0]
+    for width in widths.values():
+        starts.append(starts[-1] + width)
+    return {name: slice(a, b) for name, a, b in zip(widths, starts, starts[1:])}
+
+
+_TARGET_CHANNELS = _slices(TARGET_CHANNELS)
 
 
 def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+@dataclass(frozen=True)
+class MeshGraphNetConfig:
+    """A :class:`~meshshard.nn.MeshGraphNet`'s width and depth, as :class:`TrainConfig` builds it.
+
+    The defaults are :class:`~meshshard.nn.TransolverConfig`'s width and depth (as before the model
+    configuration was nested), so ``--n-hidden``/``--n-layers`` mean the same for both models.
+    """
+
+    hidden: int = TransolverConfig.n_hidden
+    num_layers: int = TransolverConfig.n_layers
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.hidden, "hidden")
+        check_positive_int(self.num_layers, "num_layers")
+
+
+#: The model fields a checkpoint's config held at the top level before ``model_config`` was nested.
+_FLAT_MODEL_FIELDS = ("n_hidden", "n_layers", "n_head", "slice_num", "mlp_ratio")
+
+
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run (saved in every checkpoint).
+    """Everything that defines a training run (saved in every checkpoint, as ``dataclasses.asdict``).
 
-    The model's hyper-parameters (``n_hidden`` ... ``mlp_ratio``) default to
-    :class:`~meshshard.nn.TransolverConfig`'s; :attr:`transolver` gathers them. MeshGraphNet uses
-    ``n_hidden`` as its width and ``n_layers`` as its depth.
+    ``model_config`` is the model's own configuration: a :class:`~meshshard.nn.TransolverConfig` for
+    ``arch="transolver"`` / ``"transolver++"``, a :class:`MeshGraphNetConfig` for ``"meshgraphnet"``;
+    ``None`` (the default) means that configuration's defaults. :meth:`from_dict` reads a saved config
+    back, also the flat layout of older checkpoints (``n_hidden`` ... ``mlp_ratio`` at the top level).
     """
 
     store: str
@@ -89,11 +133,7 @@ class TrainConfig:
     steps: int = 200
     lr: float = 2e-3
     weight_decay: float = 1e-4
-    n_hidden: int = TransolverConfig.n_hidden
-    n_layers: int = TransolverConfig.n_layers
-    n_head: int = TransolverConfig.n_head
-    slice_num: int = TransolverConfig.slice_num
-    mlp_ratio: int = TransolverConfig.mlp_ratio
+    model_config: TransolverConfig | MeshGraphNetConfig | None = None
     num_points: int | None = None
     checkpoint_every: int = 50
     log_every: int = 10
@@ -113,35 +153,62 @@ class TrainConfig:
             setattr(self, name, os.fspath(value))
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS} (got {self.arch!r})")
+        kind = MeshGraphNetConfig if self.arch == "meshgraphnet" else TransolverConfig
+        if self.model_config is None:
+            self.model_config = kind()
+        elif not isinstance(self.model_config, kind):
+            raise TypeError(
+                f"model_config must be a {kind.__name__} for arch {self.arch!r} "
+                f"(got {type(self.model_config).__name__})"
+            )
         for name in ("steps", "checkpoint_every", "log_every", "dp", "knn_k"):
             check_positive_int(getattr(self, name), name)
         check_positive_int(self.num_points, "num_points", allow_none=True)
-        if self.arch == "meshgraphnet":  # width and depth only
-            check_positive_int(self.n_hidden, "n_hidden")
-            check_positive_int(self.n_layers, "n_layers")
-        else:
-            self.transolver  # noqa: B018  (validates the model's hyper-parameters)
         if not _is_real(self.lr) or not 0 < self.lr < math.inf:
             raise ValueError(f"lr must be a positive finite number (got {self.lr!r})")
         if not _is_real(self.weight_decay) or not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"weight_decay must be a non-negative finite number (got {self.weight_decay!r})")
 
-    @property
-    def transolver(self) -> TransolverConfig:
-        """The model's hyper-parameters as one :class:`~meshshard.nn.TransolverConfig`."""
-        return TransolverConfig(n_hidden=self.n_hidden, n_layers=self.n_layers, n_head=self.n_head,
-                                slice_num=self.slice_num, mlp_ratio=self.mlp_ratio)
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> TrainConfig:
+        """The config ``dataclasses.asdict(cfg)`` wrote (a checkpoint's ``"config"``), as a TrainConfig.
+
+        Also reads the flat layout written before ``model_config`` was nested: ``n_hidden``, ``n_layers``,
+        ``n_head``, ``slice_num``, ``mlp_ratio`` at the top level (MeshGraphNet used the first two).
+
+        Raises
+        ------
+        TypeError, ValueError
+            If the fields do not make a valid TrainConfig (unknown fields, both layouts at once, bad values).
+        """
+        values = dict(config)
+        flat = {name: values.pop(name) for name in _FLAT_MODEL_FIELDS if name in values}
+        model = values.get("model_config")
+        if flat and model is not None:
+            raise ValueError(f"config has both model_config and the older top-level model fields {sorted(flat)}")
+        if values.get("arch", "transolver") == "meshgraphnet":
+            kind = MeshGraphNetConfig
+            if flat:
+                model = {"hidden": flat.get("n_hidden", kind.hidden),
+                         "num_layers": flat.get("n_layers", kind.num_layers)}
+        else:
+            kind = TransolverConfig
+            model = flat or model
+        if isinstance(model, dict):
+            values["model_config"] = kind(**model)
+        return cls(**values)
 
     def model(self) -> torch.nn.Module:
         torch.manual_seed(self.seed)
-        if self.arch == "meshgraphnet":
+        m = self.model_config
+        if isinstance(m, MeshGraphNetConfig):
             from .nn.meshgraphnet import MeshGraphNet  # torch-geometric: imported only when used
 
-            return MeshGraphNet(6, 4, 4, hidden=self.n_hidden, num_layers=self.n_layers)
+            return MeshGraphNet(IN_DIM, EDGE_DIM, OUT_DIM, hidden=m.hidden, num_layers=m.num_layers)
         return Transolver(
-            in_dim=6,
-            out_dim=4,
-            **asdict(self.transolver),
+            in_dim=IN_DIM,
+            out_dim=OUT_DIM,
+            **asdict(m),
             checkpoint=self.grad_checkpoint,
             variant="plus" if self.arch == "transolver++" else "plain",
             seed=self.seed,
@@ -149,11 +216,11 @@ class TrainConfig:
 
 
 def features(sample: dict[str, torch.Tensor], stats: dict[str, tuple[torch.Tensor, torch.Tensor]]):
-    """Model inputs ``(N, 6)`` and normalised targets ``(N, 4)`` of a (sharded or whole) sample.
+    """Model inputs ``(N, IN_DIM)`` and normalised targets ``(N, OUT_DIM)`` of a (sharded or whole) sample.
 
-    Inputs: position standardised with the store's training statistics, and the unit normal.
-    Targets: ``pMeanTrim`` and ``wallShearStressMeanTrim`` as returned by a dataset built with
-    ``normalize=True`` (standardised).
+    Inputs (:data:`INPUT_CHANNELS`): position standardised with the store's training statistics, and the
+    unit normal. Targets (:data:`TARGET_CHANNELS`): ``pMeanTrim`` and ``wallShearStressMeanTrim`` as
+    returned by a dataset built with ``normalize=True`` (standardised).
     """
     missing = [name for name in (*INPUTS, *TARGETS) if name not in sample]
     if missing or "pos" not in stats:
@@ -162,10 +229,21 @@ def features(sample: dict[str, torch.Tensor], stats: dict[str, tuple[torch.Tenso
             f"(sample lacks {missing}; stats has {sorted(stats)})"
         )
     mean, std = stats["pos"]
-    pos = (sample["pos"] - mean) / std
-    x = torch.cat([pos, sample["normals"]], dim=-1)
-    t = torch.cat([sample["pMeanTrim"].unsqueeze(-1), sample["wallShearStressMeanTrim"]], dim=-1)
+    inputs = {**sample, "pos": (sample["pos"] - mean) / std}
+    x = torch.cat([_columns(inputs[name]) for name in INPUTS], dim=-1)
+    t = torch.cat([_columns(sample[name]) for name in TARGETS], dim=-1)
     return x, t
+
+
+def _columns(values: torch.Tensor) -> torch.Tensor:
+    """A field as ``(N, width)`` columns: a scalar field ``(N,)`` gains its channel dimension."""
+    return values.unsqueeze(-1) if values.dim() == 1 else values
+
+
+def _target(y: torch.Tensor, name: str) -> torch.Tensor:
+    """Target field ``name`` of a model output: ``(N,)`` for a scalar field, ``(N, width)`` otherwise."""
+    ch = _TARGET_CHANNELS[name]
+    return y[..., ch.start] if ch.stop - ch.start == 1 else y[..., ch]
 
 
 def _predict(cfg: TrainConfig, model: torch.nn.Module, sample: dict, x, stats):
@@ -307,7 +385,8 @@ def _check_entries(ckpt: Any, path: str, required: tuple[str, ...]) -> None:
             found = _not_plain(value)
         if found is not None:
             raise CheckpointError(f"{path}: the checkpoint's '{key}' must be {what} (found {found})")
-    unknown = sorted(set(ckpt["config"]) - {f.name for f in fields(TrainConfig)}) if "config" in ckpt else []
+    known = {f.name for f in fields(TrainConfig)} | set(_FLAT_MODEL_FIELDS)  # the flat layout of older files
+    unknown = sorted(set(ckpt["config"]) - known) if "config" in ckpt else []
     if unknown:
         raise CheckpointError(
             f"{path}: the checkpoint's config has fields this meshshard's TrainConfig lacks: {unknown} "
@@ -341,7 +420,7 @@ def load_checkpoint(path: str | os.PathLike, *, resume: bool = False) -> dict[st
 def _config_of(ckpt: dict, path: str, **overrides: Any) -> TrainConfig:
     """The checkpoint's TrainConfig, with ``overrides``; a bad config is a :class:`CheckpointError`."""
     try:
-        return TrainConfig(**{**ckpt["config"], **overrides})
+        return TrainConfig.from_dict({**ckpt["config"], **overrides})
     except (TypeError, ValueError) as exc:
         raise CheckpointError(
             f"{path}: the checkpoint's config is not a valid TrainConfig ({_first_line(exc)})"
@@ -402,10 +481,10 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"checkpoint: {src} not found")
     if dst.exists():
         raise FileExistsError(f"convert_checkpoint: {dst} exists; choose a new file name (nothing is overwritten)")
-    ckpt = _read_weights_only(src, (TrainConfig, *_CONVERTIBLE))
+    ckpt = _read_weights_only(src, (TrainConfig, TransolverConfig, MeshGraphNetConfig, *_CONVERTIBLE))
 
     def plain(value: Any) -> Any:
-        if isinstance(value, TrainConfig):
+        if isinstance(value, TrainConfig | TransolverConfig | MeshGraphNetConfig):
             return plain(dict(vars(value)))
         if isinstance(value, pathlib.PurePath):
             return str(value)
@@ -460,8 +539,32 @@ def _relative_l2(y: torch.Tensor, t: torch.Tensor, ds) -> dict[str, float]:
     return out
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+@dataclass
+class _Run:
+    """The state of one training run, as :func:`_start` sets it up (or resumes it from its checkpoint)."""
+
+    cfg: TrainConfig
+    mesh: Any
+    dp_rank: int
+    ds: Any
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: Any
+    out: Path
+    start: int = 0
+    log: list[dict] = field(default_factory=list)
+
+    @property
+    def dp_group(self) -> Any:
+        return self.mesh.get_group(0) if self.cfg.dp > 1 else None
+
+
+def train(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train; return a summary (final loss, losses per step, per-rank points and peak memory).
+
+    ``log`` receives rank 0's progress lines (``step ... loss ...`` every ``log_every`` steps, and a note
+    when ``resume=True`` finds no checkpoint); by default they are printed (through the progress bar on a
+    terminal). ``quiet=True`` turns both off.
 
     Raises
     ------
@@ -472,7 +575,27 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if not isinstance(cfg, TrainConfig):
         raise TypeError(f"cfg must be a meshshard.training.TrainConfig (got {type(cfg).__name__})")
     cfg = replace(cfg)  # runs TrainConfig's checks again: the fields may have been changed since construction
-    mesh, dp_rank, dp = _setup(cfg.dp)
+    bar = None
+    if log is None:
+        def log(line: str) -> None:
+            (bar.write if bar is not None else functools.partial(print, flush=True))(line)
+    run = _start(cfg, log)
+    bar = _progress_bar(cfg, run.start)
+    t0 = time.perf_counter()
+    n_points = 0
+    for step in range(run.start + 1, cfg.steps + 1):
+        entry, n_points = _step(run, step, t0)
+        _log_step(run, entry, bar, log)
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            _save_checkpoint(run, step)
+    if bar is not None:
+        bar.close()
+    return _summary(run, n_points, t0)
+
+
+def _start(cfg: TrainConfig, log: Callable[[str], None]) -> _Run:
+    """Process group, dataset, model and optimiser; the checkpoint's state with ``resume``; a fresh log file."""
+    mesh, dp_rank, _ = _setup(cfg.dp)
     if mesh is not None:
         install_excepthook()  # a rank that dies of an exception is named in the others' errors
     out = Path(cfg.out)
@@ -481,76 +604,82 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ds = _dataset(cfg, "train", mesh, cfg.num_points)
     if len(ds) == 0:
         raise ValueError(f"the store {cfg.store} has no training runs")
-    stats = ds.stats
     model = cfg.model()
-    opt, sched = _optimizer(cfg, model)
-    ckpt_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
-    start, log = 0, []
+    run = _Run(cfg, mesh, dp_rank, ds, model, *_optimizer(cfg, model), out)
+    ckpt_path = out / "checkpoint.pt"
     if cfg.resume and ckpt_path.exists():
-        ckpt = _agreed(lambda: _resume_from(ckpt_path, model, opt, sched))  # nothing written before this
-        start, log = ckpt["step"], ckpt["log"]
+        ckpt = _agreed(lambda: _resume_from(ckpt_path, model, run.opt, run.sched))  # nothing written before this
+        run.start, run.log = ckpt["step"], ckpt["log"]
         torch.set_rng_state(ckpt["rng"])
-        model.rng_step = start  # Transolver++'s Gumbel noise continues the run's sequence
+        model.rng_step = run.start  # Transolver++'s Gumbel noise continues the run's sequence
     elif cfg.resume and not cfg.quiet and _is_main():
-        print(f"no checkpoint in {out}: starting from step 0")
+        log(f"no checkpoint in {out}: starting from step 0")
     if _is_main():
         # the log holds exactly the steps up to the checkpoint: none lost, none repeated
-        _atomic_write_text(log_path, "".join(json.dumps(e) + "\n" for e in log))
-    bar = _progress_bar(cfg, start)
-    dp_group = mesh.get_group(0) if dp > 1 else None
-    t0 = time.perf_counter()
-    n_points = 0
-    for step in range(start + 1, cfg.steps + 1):
-        ds.set_epoch(step)
-        index = ((step - 1) * dp + dp_rank) % len(ds)
-        sample = ds[index]
-        x, t = features(sample, stats)
-        n_points = x.shape[0]
-        model.train()
-        y = _predict(cfg, model, sample, x, stats)
-        loss = ((y - t) ** 2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if mesh is not None:
-            sync_gradients(model, mesh)
-        opt.step()
-        sched.step()
-        value = loss.detach().reshape(1).clone()
-        if dp_group is not None:
-            value = all_reduce(value, dp_group) / dp
-        entry = {"step": step, "loss": float(value), "run": int(sample["run"]), "time": time.perf_counter() - t0}
-        log.append(entry)
-        if _is_main():
-            with open(log_path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-            if not cfg.quiet and (step % cfg.log_every == 0 or step == 1 or step == cfg.steps):
-                line = f"step {step:5d}  loss {entry['loss']:.5f}  ({entry['time']:.1f} s)"
-                if bar is not None:
-                    bar.write(line)
-                else:
-                    print(line, flush=True)
-            if bar is not None:
-                bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
-                bar.update()
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            if _is_main():
-                _atomic_save(
-                    {
-                        "format": CHECKPOINT_FORMAT,
-                        "model": model.state_dict(),
-                        "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(),
-                        "step": step,
-                        "log": log,
-                        "config": asdict(cfg),
-                        "rng": torch.get_rng_state(),
-                    },
-                    ckpt_path,
-                )
-            if dist.is_initialized():
-                barrier()
+        _atomic_write_text(out / "log.jsonl", "".join(json.dumps(e) + "\n" for e in run.log))
+    return run
+
+
+def _step(run: _Run, step: int, t0: float) -> tuple[dict[str, Any], int]:
+    """One optimiser step on this step's sample; its log entry (the loss averaged over the data-parallel
+    axis) and this rank's number of points."""
+    cfg, dp = run.cfg, run.cfg.dp
+    run.ds.set_epoch(step)
+    sample = run.ds[((step - 1) * dp + run.dp_rank) % len(run.ds)]
+    x, t = features(sample, run.ds.stats)
+    run.model.train()
+    y = _predict(cfg, run.model, sample, x, run.ds.stats)
+    loss = ((y - t) ** 2).mean()
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if run.mesh is not None:
+        sync_gradients(run.model, run.mesh)
+    run.opt.step()
+    run.sched.step()
+    value = loss.detach().reshape(1).clone()
+    if run.dp_group is not None:
+        value = all_reduce(value, run.dp_group) / dp
+    entry = {"step": step, "loss": float(value), "run": int(sample["run"]), "time": time.perf_counter() - t0}
+    run.log.append(entry)
+    return entry, x.shape[0]
+
+
+def _log_step(run: _Run, entry: dict[str, Any], bar: Any, log: Callable[[str], None]) -> None:
+    """Rank 0 appends the step to ``log.jsonl``, and reports it every ``log_every`` steps (and the first, last)."""
+    if not _is_main():
+        return
+    cfg, step = run.cfg, entry["step"]
+    with open(run.out / "log.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    if not cfg.quiet and (step % cfg.log_every == 0 or step == 1 or step == cfg.steps):
+        log(f"step {step:5d}  loss {entry['loss']:.5f}  ({entry['time']:.1f} s)")
     if bar is not None:
-        bar.close()
+        bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
+        bar.update()
+
+
+def _save_checkpoint(run: _Run, step: int) -> None:
+    """Rank 0 writes ``checkpoint.pt`` atomically (tensors and plain types only); every rank then waits."""
+    if _is_main():
+        _atomic_save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "model": run.model.state_dict(),
+                "optimizer": run.opt.state_dict(),
+                "scheduler": run.sched.state_dict(),
+                "step": step,
+                "log": run.log,
+                "config": asdict(run.cfg),
+                "rng": torch.get_rng_state(),
+            },
+            run.out / "checkpoint.pt",
+        )
+    if dist.is_initialized():
+        barrier()
+
+
+def _summary(run: _Run, n_points: int, t0: float) -> dict[str, Any]:
+    """The run's summary (every rank's points and peak memory gathered), written by rank 0."""
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rank, world = group_rank_and_size() or (0, 1)
     summary = {
@@ -559,14 +688,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "points_last_step": int(n_points),
         "peak_rss_mb": peak_mb,
         "seconds": time.perf_counter() - t0,
-        "losses": [e["loss"] for e in log],
+        "losses": [e["loss"] for e in run.log],
     }
-    if dist.is_initialized():
-        summary["per_rank"] = all_gather_object({k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")})
-    else:
-        summary["per_rank"] = [{k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")}]
+    mine = {k: summary[k] for k in ("rank", "points_last_step", "peak_rss_mb")}
+    summary["per_rank"] = all_gather_object(mine) if dist.is_initialized() else [mine]
     if _is_main():
-        _atomic_write_text(out / "train_summary.json", json.dumps(summary, indent=1))
+        _atomic_write_text(run.out / "train_summary.json", json.dumps(summary, indent=1))
     return summary
 
 
@@ -656,10 +783,12 @@ def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None =
             free_stream = {"reference_area": row["Aref"] if row else 1.0, "rho": row["rho"] if row else RHO,
                            "u_inf": row["Uinf"] if row else U_INF}
             geometry = (sample["pos"], sample["normals"], sample["areas"])
-            pred = integrate_forces(*geometry, ds.denormalize("pMeanTrim", y[..., 0]),
-                                    ds.denormalize("wallShearStressMeanTrim", y[..., 1:4]), **free_stream)
-            true = integrate_forces(*geometry, ds.denormalize("pMeanTrim", t[..., 0]),
-                                    ds.denormalize("wallShearStressMeanTrim", t[..., 1:4]), **free_stream)
+            pred, true = (
+                integrate_forces(*geometry, ds.denormalize("pMeanTrim", _target(v, "pMeanTrim")),
+                                 ds.denormalize("wallShearStressMeanTrim", _target(v, "wallShearStressMeanTrim")),
+                                 **free_stream)
+                for v in (y, t)
+            )
             results.append(
                 {
                     "run": run,

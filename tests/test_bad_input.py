@@ -750,6 +750,8 @@ CASES = [
     ("TrainConfig/lr", lambda e: _train_config(e, lr=-1.0), V, r"lr must be a positive finite number"),
     ("TrainConfig/arch", lambda e: _train_config(e, arch="unet"), V, r"arch must be one of"),
     ("TrainConfig/path", lambda e: _train_config(e, store=3), T, r"store must be a path \(got int\)"),
+    ("MeshGraphNetConfig/zero width", lambda e: ms.training.MeshGraphNetConfig(hidden=0), V,
+     r"hidden must be at least 1 \(got 0\)"),
     (
         "train/not a config",
         lambda e: ms.training.train({"steps": 3}),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -25,15 +25,52 @@ class _Crash(Exception):
     pass
 
 
-def test_train_config_defaults_are_the_transolver_config():
+def test_train_config_nests_the_model_config_and_defaults_to_it():
     cfg = training.TrainConfig(store="s", out="o")
-    assert cfg.transolver == TransolverConfig()
+    assert cfg.model_config == TransolverConfig()
     small = TransolverConfig(n_hidden=16, n_layers=2, n_head=2, slice_num=4, mlp_ratio=1)
-    cfg = training.TrainConfig(store="s", out="o", **small.__dict__)
-    assert cfg.transolver == small
+    cfg = training.TrainConfig(store="s", out="o", model_config=small)
+    assert cfg.model_config is small
     model = cfg.model()
     assert isinstance(model, Transolver)
     assert {k: model.config[k] for k in small.__dict__} == small.__dict__
+    assert (model.config["in_dim"], model.config["out_dim"]) == (training.IN_DIM, training.OUT_DIM) == (6, 4)
+    mgn = training.TrainConfig(store="s", out="o", arch="meshgraphnet")
+    assert mgn.model_config == training.MeshGraphNetConfig(TransolverConfig.n_hidden, TransolverConfig.n_layers)
+    with pytest.raises(TypeError, match=r"model_config must be a MeshGraphNetConfig for arch 'meshgraphnet' "
+                                        r"\(got TransolverConfig\)"):
+        training.TrainConfig(store="s", out="o", arch="meshgraphnet", model_config=small)
+    with pytest.raises(TypeError, match=r"model_config must be a TransolverConfig for arch 'transolver\+\+'"):
+        training.TrainConfig(store="s", out="o", arch="transolver++", model_config=mgn.model_config)
+    with pytest.raises(ValueError, match=r"hidden must be at least 1 \(got 0\)"):
+        training.MeshGraphNetConfig(hidden=0)
+
+
+def test_from_dict_reads_the_nested_and_the_older_flat_config():
+    small = TransolverConfig(n_hidden=16, n_layers=2, n_head=2, slice_num=4, mlp_ratio=1)
+    cfg = training.TrainConfig(store="s", out="o", steps=3, model_config=small)
+    assert training.TrainConfig.from_dict(asdict(cfg)) == cfg
+    flat = {k: v for k, v in asdict(cfg).items() if k != "model_config"} | asdict(small)
+    assert training.TrainConfig.from_dict(flat) == cfg  # a checkpoint written before the config was nested
+    mgn_flat = {**flat, "arch": "meshgraphnet"}  # MeshGraphNet used n_hidden and n_layers
+    assert training.TrainConfig.from_dict(mgn_flat).model_config == training.MeshGraphNetConfig(16, 2)
+    with pytest.raises(ValueError, match=r"both model_config and the older top-level model fields \['n_hidden'\]"):
+        training.TrainConfig.from_dict({**asdict(cfg), "n_hidden": 8})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'width'"):
+        training.TrainConfig.from_dict({**asdict(cfg), "model_config": {"width": 3}})
+
+
+def test_the_channel_layout_is_defined_once():
+    assert training.INPUTS == tuple(training.INPUT_CHANNELS) == ("pos", "normals")
+    assert training.TARGETS == tuple(training.TARGET_CHANNELS) == ("pMeanTrim", "wallShearStressMeanTrim")
+    n = 5
+    sample = {"pos": torch.full((n, 3), 3.0), "normals": torch.full((n, 3), 2.0),
+              "pMeanTrim": torch.arange(n, dtype=torch.float32), "wallShearStressMeanTrim": torch.full((n, 3), -1.0)}
+    x, t = training.features(sample, {"pos": (torch.ones(3), torch.full((3,), 2.0))})
+    assert x.shape == (n, training.IN_DIM) and t.shape == (n, training.OUT_DIM)
+    assert torch.equal(x[:, :3], torch.ones(n, 3)) and torch.equal(x[:, 3:], sample["normals"])
+    assert torch.equal(training._target(t, "pMeanTrim"), sample["pMeanTrim"])
+    assert torch.equal(training._target(t, "wallShearStressMeanTrim"), sample["wallShearStressMeanTrim"])
 
 
 def test_checkpoint_write_crash_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -75,8 +112,9 @@ def tiny_store(tmp_path_factory) -> Path:
 
 def test_resume_after_a_crash_during_a_checkpoint_write(tiny_store, tmp_path, monkeypatch):
     def config(out: Path, resume: bool = False) -> training.TrainConfig:
-        return training.TrainConfig(store=str(tiny_store), out=str(out), steps=4, checkpoint_every=2, n_hidden=8,
-                                 n_layers=1, n_head=2, slice_num=4, quiet=True, resume=resume)
+        model = TransolverConfig(n_hidden=8, n_layers=1, n_head=2, slice_num=4)
+        return training.TrainConfig(store=str(tiny_store), out=str(out), steps=4, checkpoint_every=2,
+                                    model_config=model, quiet=True, resume=resume)
 
     reference = training.train(config(tmp_path / "ref"))["losses"]
     real_save, saves = training._atomic_save, []
@@ -101,11 +139,11 @@ def test_resume_after_a_crash_during_a_checkpoint_write(tiny_store, tmp_path, mo
 
 
 def test_a_checkpoint_written_by_train_loads_in_evaluate(tiny_store, tmp_path):
-    cfg = training.TrainConfig(store=str(tiny_store), out=str(tmp_path), steps=2, n_hidden=8, n_layers=1, n_head=2,
-                               slice_num=4, mlp_ratio=1, quiet=True)
+    model = TransolverConfig(n_hidden=8, n_layers=1, n_head=2, slice_num=4, mlp_ratio=1)
+    cfg = training.TrainConfig(store=str(tiny_store), out=str(tmp_path), steps=2, quiet=True, model_config=model)
     training.train(cfg)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    assert ckpt["config"]["n_hidden"] == 8 and ckpt["config"]["mlp_ratio"] == 1
+    assert ckpt["config"]["model_config"]["n_hidden"] == 8 and ckpt["config"]["model_config"]["mlp_ratio"] == 1
     summary = training.evaluate(str(tiny_store), str(tmp_path / "checkpoint.pt"), split="all",
                                 out=str(tmp_path / "eval.json"))
     assert len(summary["runs"]) == 3 and json.loads((tmp_path / "eval.json").read_text()) == summary
@@ -115,7 +153,8 @@ def test_a_checkpoint_written_by_train_loads_in_evaluate(tiny_store, tmp_path):
 
 
 # -- checkpoints that cannot run code (issue 33) ------------------------------------------------------
-SMALL = dict(n_hidden=8, n_layers=1, n_head=2, slice_num=4, mlp_ratio=1, quiet=True)
+SMALL_MODEL = TransolverConfig(n_hidden=8, n_layers=1, n_head=2, slice_num=4, mlp_ratio=1)
+SMALL = dict(model_config=SMALL_MODEL, quiet=True)
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +192,36 @@ def test_checkpoints_hold_only_tensors_and_plain_types_and_unversioned_ones_load
     assert old == training.evaluate(str(tiny_store), str(trained / "checkpoint.pt"), split="all")
 
 
+def test_a_checkpoint_with_the_older_flat_config_evaluates_and_resumes(tiny_store, trained, tmp_path):
+    ckpt = torch.load(trained / "checkpoint.pt", weights_only=True)
+    config = dict(ckpt["config"])
+    flat = {**config, **config.pop("model_config")}
+    del flat["model_config"]
+    assert flat["n_hidden"] == 8 and "model_config" not in flat
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({**ckpt, "config": flat}, run / "checkpoint.pt")
+    (run / "log.jsonl").write_bytes((trained / "log.jsonl").read_bytes())
+    old = training.evaluate(str(tiny_store), str(run / "checkpoint.pt"), split="all")
+    assert old == training.evaluate(str(tiny_store), str(trained / "checkpoint.pt"), split="all")
+    cfg = training.TrainConfig(store=str(tiny_store), out=str(run), steps=3, resume=True, **SMALL)
+    assert training.check_resume(cfg) is True
+    assert len(training.train(cfg)["losses"]) == 3
+
+
+def test_progress_lines_go_to_the_log_callback(tiny_store, tmp_path, capsys):
+    lines = []
+    cfg = training.TrainConfig(store=str(tiny_store), out=str(tmp_path / "run"), steps=3, log_every=2,
+                               model_config=SMALL_MODEL, resume=True)
+    training.train(cfg, log=lines.append)
+    assert lines[0] == f"no checkpoint in {tmp_path / 'run'}: starting from step 0"
+    assert [line.split()[1] for line in lines[1:]] == ["1", "2", "3"] and "loss" in lines[1]
+    assert capsys.readouterr().out == ""
+
+
 def test_python_objects_of_older_files_are_refused_with_how_to_convert(tiny_store, trained, tmp_path):
     ckpt = torch.load(trained / "checkpoint.pt", weights_only=True)
-    cfg = training.TrainConfig(**ckpt["config"])
+    cfg = training.TrainConfig.from_dict(ckpt["config"])
     cfg.store = Path(cfg.store)  # a path object, as a script might have left it
     torch.save({**ckpt, "config": cfg}, tmp_path / "objects.pt")
     with pytest.raises(CheckpointError, match=r"meshshard.training.TrainConfig.*convert_checkpoint\(SRC, DST\)"):
@@ -207,12 +273,14 @@ def test_resume_with_other_model_options_is_refused_and_writes_nothing(tiny_stor
     for name in ("checkpoint.pt", "log.jsonl"):
         (run / name).write_bytes((trained / name).read_bytes())
     before = snapshot(run)
-    cfg = training.TrainConfig(store=str(tiny_store), out=str(run), steps=4, resume=True, **{**SMALL, "n_hidden": 16})
+    wider = replace(SMALL_MODEL, n_hidden=16)
+    cfg = training.TrainConfig(store=str(tiny_store), out=str(run), steps=4, resume=True, quiet=True,
+                               model_config=wider)
     with pytest.raises(CheckpointError, match=r"checkpoint.pt: the checkpoint's 'model' does not fit this run's "
                                               r"Transolver \(was it written with other model options\?\)"):
         training.check_resume(cfg)
     with pytest.raises(CheckpointError, match="does not fit"):
         training.train(cfg)
     assert snapshot(run) == before
-    assert training.check_resume(replace(cfg, n_hidden=8)) is True
+    assert training.check_resume(replace(cfg, model_config=SMALL_MODEL)) is True
     assert training.check_resume(replace(cfg, out=str(tmp_path / "empty"))) is False

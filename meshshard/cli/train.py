@@ -63,21 +63,19 @@ def run(args: argparse.Namespace) -> int:
     if not meta.get("splits", {}).get("train"):
         raise UsageError(f"meshshard train: the store {args.store} has no training runs")
     check_out_folder("train", args.out)
-    if args.arch != "meshgraphnet":
-        model_config("train", args)  # the Transolver options are consistent, before any rank starts
+    # the Transolver options are consistent, before any rank starts (MeshGraphNet: width and depth only)
+    transolver = None if args.arch == "meshgraphnet" else model_config("train", args)
     from ..errors import CheckpointError
-    from ..training import TrainConfig, check_resume, train
+    from ..training import MeshGraphNetConfig, TrainConfig, check_resume, train
+
+    model = transolver or MeshGraphNetConfig(hidden=args.n_hidden, num_layers=args.n_layers)
 
     cfg = TrainConfig(
         store=args.store,
         out=args.out,
         steps=args.steps,
         lr=args.lr,
-        n_hidden=args.n_hidden,
-        n_layers=args.n_layers,
-        n_head=args.n_head,
-        slice_num=args.slice_num,
-        mlp_ratio=args.mlp_ratio,
+        model_config=model,
         num_points=args.num_points,
         checkpoint_every=args.checkpoint_every,
         log_every=args.log_every,
