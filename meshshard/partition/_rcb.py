@@ -36,7 +36,7 @@ __all__ = ["ShardedOps", "cum_fractions", "nearest_boundaries", "rcb"]
 
 
 class ShardedOps(Protocol):
-    """What :func:`rcb` needs from a sharded run (see :mod:`meshshard.partition._repartition`)."""
+    """What :func:`rcb` needs from a sharded run (see :mod:`meshshard.ops.parallel_partition`)."""
 
     num_points: int  # global N
     total_weight: float  # global weight (exact: weights are integer-valued, see quantize_weights)
@@ -135,7 +135,7 @@ def rcb(
         ``None``: ``points`` are all the points, in their original order. Otherwise ``points`` are
         this rank's chunk of a sharded cloud and ``sharded`` supplies the global point count and
         weight, the reductions of boxes and histograms over ranks, and the exact selection inside
-        median buckets (:mod:`meshshard.partition._repartition`); every decision then sees the
+        median buckets (:mod:`meshshard.ops.parallel_partition`); every decision then sees the
         same global numbers as the serial run, so ``owner`` (of the local points), ``regions`` and
         ``boxes`` equal the serial ones.
 
