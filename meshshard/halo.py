@@ -37,7 +37,7 @@ from ._records import Record
 from ._sizes import ring_bytes
 from .errors import ShardingError
 from .kernels import points_near_boxes, points_within, sq_dist
-from .partition._ghosts import ghost_sets
+from .partition import ghost_sets
 from .tensor import ShardTensor, local_of
 
 __all__ = ["HaloPlan", "HaloReport", "check_coordinates", "simulate_halo"]

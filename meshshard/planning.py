@@ -161,7 +161,7 @@ def part_sizes(num_points: int, parts: int) -> list[int]:
     it (see :func:`meshshard.partition._rcb.nearest_boundaries`), with the same float64 targets
     (:func:`meshshard.partition._rcb.cum_fractions`).
     """
-    from .partition._rcb import cum_fractions
+    from .partition import cum_fractions
 
     parts = check_positive_int(parts, "parts")
     if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 0:

@@ -1,4 +1,5 @@
-"""The layers of meshshard: no import cycle, every import goes down a layer, and lower layers import alone.
+"""The layers of meshshard: no import cycle, every import goes down a layer, lower layers import alone, and
+no module imports another package's private module or private name.
 
 The graph is read from the source with :mod:`ast` (nothing is imported): an edge ``a -> b`` for every
 ``import``/``from ... import`` at the top level of module ``a`` (also inside top-level ``if``/``try``/``with``,
@@ -42,7 +43,6 @@ LAYERS: dict[str, int] = {
     "meshshard.device_mesh": 3,
     "meshshard.faults": 3,
     "meshshard.tensor": 4,
-    "meshshard.partition._repartition": 4,  # the parallel partitioner uses the tensor core's collectives
     "meshshard.halo": 5,
     "meshshard.ops": 6,
     "meshshard.nn": 7,
@@ -86,6 +86,59 @@ def _modules() -> dict[str, tuple[Path, bool]]:
         is_package = parts[-1] == "__init__"
         out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
     return out
+
+
+def _imported_names(module: str, is_package: bool, tree: ast.Module):
+    """``(line, dotted name)`` for everything ``module`` imports, anywhere in it (functions included).
+
+    ``import a.b as c`` gives ``a.b``; ``from a.b import c`` gives ``a.b.c`` (``c`` a module or a name);
+    relative imports are resolved against the importing module's package.
+    """
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                yield node.lineno, f"{base}.{alias.name}"
+
+
+def private_owner(target: str, packages: set[str]) -> str | None:
+    """The package whose private module or name ``target`` reaches, or ``None`` when it reaches none.
+
+    The first component after ``meshshard`` that starts with ``_`` (not a dunder) is private to the package
+    it sits in: ``meshshard.partition._rcb.rcb`` to ``meshshard.partition``, ``meshshard.ops.neighbors._x``
+    to ``meshshard.ops`` (a private name of a module belongs to that module's package). Top-level
+    ``meshshard._x`` modules (``_checks``, ``_sizes``, ``_records``...) are the root package's shared
+    internals: private to ``meshshard``, so importable anywhere in it.
+    """
+    parts = target.split(".")
+    if parts[0] != "meshshard":
+        return None
+    for i in range(1, len(parts)):
+        if parts[i].startswith("_") and not parts[i].startswith("__"):
+            owner = ".".join(parts[:i])
+            return owner if owner in packages else owner.rpartition(".")[0]
+    return None
+
+
+def private_imports() -> list[str]:
+    """Every import, in any meshshard module, of a private module or name from outside its package."""
+    modules = _modules()
+    packages = {name for name, (_, is_package) in modules.items() if is_package}
+    found = []
+    for name, (path, is_package) in modules.items():
+        for line, target in _imported_names(name, is_package, ast.parse(path.read_text(encoding="utf-8"))):
+            owner = private_owner(target, packages)
+            if owner is not None and name != owner and not name.startswith(owner + "."):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {name} imports {target} (private to {owner})")
+    return sorted(found)
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -199,7 +252,7 @@ def test_every_module_has_a_layer():
 
 def test_the_layer_table_ranks_by_longest_prefix():
     assert layer_of("meshshard.partition._rcb") == LAYERS["meshshard.partition"]
-    assert layer_of("meshshard.partition._repartition") == LAYERS["meshshard.tensor"]
+    assert layer_of("meshshard.ops.parallel_partition") == LAYERS["meshshard.ops"]
     assert layer_of("meshshard.kernels._fused") == LAYERS["meshshard.kernels"]
     assert layer_of("meshshard.cli.train") == LAYERS["meshshard.cli"]
     assert layer_of("meshshard") == 0
@@ -214,6 +267,46 @@ def test_the_layer_check_finds_an_upward_edge():
 def test_module_level_imports_go_to_the_same_or_a_lower_layer():
     upward = upward_edges(import_graph())
     assert not upward, "imports that reach up a layer:\n" + "\n".join(upward)
+
+
+def test_the_private_import_reader_resolves_every_form():
+    code = (
+        "import meshshard.partition._rcb as rcb_module\n"
+        "from ..partition import _cells\n"
+        "from ..io._read import read_mesh\n"
+        "from . import _spec\n"
+        "def f():\n"
+        "    from ..ops.neighbors import _check, knn\n"
+        "    from .._checks import check_positive_int\n"
+    )
+    names = [t for _, t in _imported_names("meshshard.tensor._tensor", False, ast.parse(code))]
+    assert names == [
+        "meshshard.partition._rcb",
+        "meshshard.partition._cells",
+        "meshshard.io._read.read_mesh",
+        "meshshard.tensor._spec",
+        "meshshard.ops.neighbors._check",
+        "meshshard.ops.neighbors.knn",
+        "meshshard._checks.check_positive_int",
+    ]
+    packages = {"meshshard", "meshshard.partition", "meshshard.io", "meshshard.ops", "meshshard.tensor"}
+    owners = {t: private_owner(t, packages) for t in names}
+    assert owners == {
+        "meshshard.partition._rcb": "meshshard.partition",
+        "meshshard.partition._cells": "meshshard.partition",
+        "meshshard.io._read.read_mesh": "meshshard.io",
+        "meshshard.tensor._spec": "meshshard.tensor",
+        "meshshard.ops.neighbors._check": "meshshard.ops",
+        "meshshard.ops.neighbors.knn": None,
+        "meshshard._checks.check_positive_int": "meshshard",
+    }
+
+
+def test_no_module_imports_another_packages_private_module_or_name():
+    found = private_imports()
+    assert not found, "imports of another package's private module or name (export what is shared):\n" + "\n".join(
+        found
+    )
 
 
 @pytest.mark.parametrize(

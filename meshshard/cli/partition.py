@@ -60,7 +60,7 @@ def _load(path: Path) -> tuple[Any, str, int]:
         raise _fail(f"input file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".npy":
-        from ..io._read import MeshReadError, read_points
+        from ..io import MeshReadError, read_points
 
         try:
             points = read_points(path)
@@ -68,7 +68,7 @@ def _load(path: Path) -> tuple[Any, str, int]:
             raise _fail(str(exc)) from None
         return points, "cloud", len(points)
     if suffix in MESH_SUFFIXES:
-        from ..io._read import MeshReadError, read_mesh
+        from ..io import MeshReadError, read_mesh
 
         try:
             mesh = read_mesh(path)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the pipeline; exit code 0 when every run succeeded, 1 when some failed."""
     import warnings
 
-    from ..datasets._preprocess import preprocess
+    from ..datasets import preprocess
 
     data_dir = Path(args.data_dir)
     if not data_dir.is_dir():
@@ -114,7 +114,7 @@ def _run_ranks(args: argparse.Namespace, data_dir: Path, surface: bool) -> int:
     """``preprocess`` on every rank of a torchrun job (see ``_preprocess_dist``); rank 0 prints."""
     import torch.distributed as dist
 
-    from ..datasets._preprocess_dist import preprocess_distributed
+    from ..datasets import preprocess_distributed
 
     try:
         report = preprocess_distributed(data_dir, args.store, **_store_options(args, surface))

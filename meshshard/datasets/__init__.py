@@ -31,6 +31,10 @@ _EXPORTS = {
     "RHO": "synthetic",
     "U_INF": "synthetic",
     "make_synthetic_drivaerml": "synthetic",
+    # for the CLI and meshshard.testing (importable from the package, not user API: not in __all__)
+    "CURATOR_SURFACE_VARIABLES": "_curator",
+    "CURATOR_VOLUME_VARIABLES": "_curator",
+    "preprocess_distributed": "_preprocess_dist",
 }
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..partition._cells import cell_centres
+from ..partition import cell_centres
 
 __all__ = ["polygon_vector_areas", "polygon_normals_areas"]
 

@@ -92,7 +92,7 @@ def preprocess_distributed(
     statistics) plus those of :func:`meshshard.partition.repartition` for each divisor chain.
     """
     import meshshard as ms
-    from meshshard.partition._repartition import repartition_with_payload
+    from meshshard.ops.parallel_partition import repartition_with_payload
 
     started = time.perf_counter()
     if mesh is None:

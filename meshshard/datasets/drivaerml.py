@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
-from ..io._read import read_cell_mesh
+from ..io import read_cell_mesh
 from ._geometry import polygon_normals_areas
 
 __all__ = ["DrivaerML", "SURFACE_FIELDS", "VOLUME_FIELDS", "FIELD_UNITS", "FIELD_COMPONENTS", "read_csv_row"]

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from .._checks import check_positive_int
-from ..partition._cells import cell_centres
+from ..partition import cell_centres
 from ._geometry import polygon_normals_areas
 
 __all__ = [

@@ -6,7 +6,7 @@ radius, ghosts marked by ``vtkGhostType``. :func:`write_local_partition` does th
 distributed run, each rank writing its own piece (:func:`write_partition_index` indexes pieces
 written without a process group). :func:`read_partitions` reads an index back (pyvista cannot
 read ``.pvtp``). :func:`read_mesh` reads a mesh file or raises one clear error (VTK itself logs
-and returns an empty mesh for a corrupt file); ``meshshard.io._read.read_cell_mesh`` reads a VTK XML
+and returns an empty mesh for a corrupt file); ``meshshard.io.read_cell_mesh`` (not user API) reads a VTK XML
 file with chosen cell fields into the one cell container of io (``_data.Dataset`` / ``_data.Cells``),
 for :mod:`meshshard.datasets`. :func:`render_partitions` draws an off-screen PNG coloured by rank;
 :func:`plot_partition_quality` a bar chart of points and ghosts per rank.
@@ -26,6 +26,7 @@ Files: ``car.pvtp`` (open this in ParaView), ``car_0.vtp`` ... ``car_7.vtp`` (on
 from __future__ import annotations
 
 from ._read import MeshReadError, read_mesh, read_points
+from ._read import read_cell_mesh as read_cell_mesh  # for meshshard.datasets (importable, not user API)
 from ._render import plot_partition_quality, rank_colors, render_partitions
 from ._write import read_partitions, write_local_partition, write_partition_index, write_partitions
 

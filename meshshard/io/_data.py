@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..partition import MeshPartition, Partition
-from ..partition._cells import cell_centres, mesh_arrays
+from ..partition import MeshPartition, Partition, cell_centres, mesh_arrays
 from ..tensor import ShardTensor
 
 __all__ = ["Cells", "Dataset", "as_dataset", "as_numpy", "partition_sizes_and_perm"]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError, MeshReadError
-from ..partition._cells import POLY_SECTIONS
+from ..partition import POLY_SECTIONS
 from ._data import Cells, Dataset
 
 __all__ = ["MESH_SUFFIXES", "MeshReadError", "assemble_parts", "read_cell_mesh", "read_mesh", "read_points"]

@@ -17,8 +17,7 @@ from .._checks import check_positive_int, check_radius
 from .._sizes import offsets_of
 from ..errors import ShardingError
 from ..halo import HaloPlan
-from ..partition import MeshPartition, Partition
-from ..partition._ghosts import ghost_sets
+from ..partition import MeshPartition, Partition, ghost_sets
 from ..tensor import ShardSpec, ShardTensor
 from ._data import Cells, Dataset, as_dataset, as_numpy, partition_sizes_and_perm
 from ._vtk import (

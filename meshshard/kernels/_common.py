@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..partition._distance import sq_dist
+from ..partition import sq_dist
 
 __all__ = ["INFLATE", "pair_d2", "select_rows", "sq_dist"]
 

@@ -35,8 +35,7 @@ from torch_geometric.nn import GCNConv, MessagePassing
 from .. import comm
 from ..errors import ShardingError, UnsupportedOpError
 from ..ops.graph import ShardedGraph
-from ..tensor import ReplicatedTensor, ShardTensor, local_of
-from ..tensor._compile import inspected_by_compiler
+from ..tensor import ReplicatedTensor, ShardTensor, inspected_by_compiler, local_of
 
 __all__ = ["DomainParallel"]
 

@@ -116,7 +116,7 @@ def _check_coords(x: object, name: str) -> torch.Tensor:
     return x
 
 
-def _check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validated ``(points, queries, self_query)``; ``queries=None`` means the points themselves."""
     points = _check_coords(points, "points")
     if queries is None or queries is points:
@@ -171,7 +171,7 @@ def _check_ids(ids: object, points: torch.Tensor) -> torch.Tensor | None:
     return local_of(ids).detach().to(points.device, torch.long)
 
 
-def _extended_ids(
+def extended_ids(
     local_ids: torch.Tensor | None, points: torch.Tensor, plan: HaloPlan
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(tie-break ids of [owned; ghosts] for the kernel, ids kept in Neighbors)``."""
@@ -268,7 +268,7 @@ def ball_query(
     >>> nbr.index.tolist(), nbr.count.tolist()
     ([[0, 1, 3], [1, 3, 0], [2, -1, -1], [1, 3, 0]], [3, 3, 1, 3])
     """
-    points, queries, self_query = _check_pair(points, queries)
+    points, queries, self_query = check_pair(points, queries)
     radius = check_radius(radius)
     max_neighbors = check_positive_int(max_neighbors, "max_neighbors")
     backend = check_backend(backend, points.device)
@@ -290,7 +290,7 @@ def ball_query(
     ext_points = (
         torch.cat([local_points, plan.ghost_points.to(local_points.device)]) if plan.num_ghosts else local_points
     )
-    gidx, kept_ids = _extended_ids(local_ids, points, plan)
+    gidx, kept_ids = extended_ids(local_ids, points, plan)
     index, count, dist2 = nearest_neighbors(
         ext_points,
         local_queries,
@@ -337,7 +337,7 @@ def knn(
     ``all_to_all``), plus one ``all_to_all`` of the ghosts' ids with ``ids``; nothing on plain
     tensors. A rank that owns fewer than ``k`` points receives every point.
     """
-    points, queries, self_query = _check_pair(points, queries)
+    points, queries, self_query = check_pair(points, queries)
     k = check_positive_int(k, "k")
     backend = check_backend(backend, points.device)
     local_ids = _check_ids(ids, points)
@@ -349,6 +349,6 @@ def knn(
     else:
         plan = build_plan(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)
         ext_points = local_points
-    gidx, kept_ids = _extended_ids(local_ids, points, plan)
+    gidx, kept_ids = extended_ids(local_ids, points, plan)
     index, count, dist2 = nearest_neighbors(ext_points, local_queries, k, point_gidx=gidx, backend=backend)
     return _finish(index, count, dist2, plan, queries, points.dtype, return_distances, kept_ids)

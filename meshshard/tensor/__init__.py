@@ -6,9 +6,11 @@ Importing this package registers every rule (``_rules/``, one module per op fami
 from __future__ import annotations
 
 from . import _rules  # noqa: F401  (registration side effects)
-from ._dispatch import has_rule, register_rule
 
-# building blocks for the ops and nn layers (importable from the package, not user API)
+# inspected_by_compiler, local_of, replicated, wrap: building blocks for the ops and nn layers
+# (importable from the package, not user API)
+from ._compile import inspected_by_compiler as inspected_by_compiler
+from ._dispatch import has_rule, register_rule
 from ._rules._common import local_of as local_of
 from ._rules._common import replicated as replicated
 from ._rules._common import wrap as wrap

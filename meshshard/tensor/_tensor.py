@@ -46,7 +46,7 @@ from .. import comm, faults
 from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
 from ..errors import ShardingError, UnsupportedOpError
-from ..partition._partition import Partition
+from ..partition import Partition
 from ._compile import inspected_by_compiler, register_method_binding, tracing
 from ._dispatch import bind, dispatch, op_name
 from ._spec import ShardSpec, as_sizes, norm_mesh_dim

@@ -61,7 +61,7 @@ def write_curator_runs(
     """
     import trimesh
 
-    from meshshard.datasets._curator import CURATOR_SURFACE_VARIABLES, CURATOR_VOLUME_VARIABLES
+    from meshshard.datasets import CURATOR_SURFACE_VARIABLES, CURATOR_VOLUME_VARIABLES
     from meshshard.datasets.drivaerml import DrivaerML
 
     if fmt not in ("zarr", "npz"):

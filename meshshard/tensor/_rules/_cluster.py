@@ -90,9 +90,9 @@ def radius_edges(x: torch.Tensor, y: torch.Tensor, r: float, max_num_neighbors: 
     """torch_cluster's ``radius(x, y, r, max_num_neighbors=...)`` exactly (module docstring's tie rule)."""
     from ...halo import build_plan
     from ...kernels import check_backend, nearest_neighbors
-    from ...ops.neighbors import _check_pair, _extended_ids
+    from ...ops.neighbors import check_pair, extended_ids
 
-    x, y, self_query = _check_pair(x, y)
+    x, y, self_query = check_pair(x, y)
     r = check_radius(r)
     k = check_positive_int(max_num_neighbors, "max_num_neighbors")
     r2 = math.nextafter(r * r, 0.0)  # the open ball |p - q|^2 < r^2 as the kernels' closed one
@@ -100,7 +100,7 @@ def radius_edges(x: torch.Tensor, y: torch.Tensor, r: float, max_num_neighbors: 
     plan = build_plan(x, None if self_query else y, r2, backend=backend)
     lp, lq = local_of(x).detach(), local_of(y).detach()
     ext = torch.cat([lp, plan.ghost_points.to(lp.device)]) if plan.num_ghosts else lp
-    gidx, _ = _extended_ids(None, x, plan)
+    gidx, _ = extended_ids(None, x, plan)
     index, count, _ = nearest_neighbors(ext, lq, k + 1, r2, point_gidx=gidx, backend=backend,
                                         queries_are_prefix=self_query)
     over = int((count > k).sum())

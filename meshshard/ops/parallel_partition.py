@@ -4,7 +4,7 @@ Each rank starts with an arbitrary contiguous chunk of the points (a slice of a 
 pieces, an empty chunk) and ends with its part of the partition, in original order. No rank ever
 holds more than its chunk, its part, and histograms or samples whose size depends on ``P`` only.
 
-RCB (:func:`meshshard.partition._rcb.rcb`, ``sharded=`` mode)
+RCB (:func:`meshshard.partition.rcb`, ``sharded=`` mode)
     The serial level loop runs on every rank over its own points; the node boxes are reduced
     with one ``all_reduce`` (max) and the histograms with one ``all_reduce`` (sum) per level,
     so every rank takes the serial decisions (axis, median bucket) from the same numbers. The
@@ -25,7 +25,7 @@ Why it is exact (the tie rule)
     (curve key, original index) along a curve; part boundaries are the cumulative weights nearest
     each target, the lower on ties. ``repartition`` uses the same orders, so the only source of
     disagreement would be floating-point sums grouped differently on several ranks. Weights are
-    therefore quantised (:func:`~meshshard.partition._validate.quantize_weights`, in the serial
+    therefore quantised (:func:`~meshshard.partition.quantize_weights`, in the serial
     partitioner too) to integers below ``2**53 / N``: every partial sum is exact in ``float64``
     in any grouping. Unit weights already are. Hence ``ids.full_tensor()`` equals
     ``partition(x.full_tensor(), P).perm`` bit for bit, and the sizes are equal.
@@ -42,12 +42,19 @@ import torch
 
 from .. import comm
 from .._checks import check_positive_int
+from ..partition import (
+    DEFAULT_BITS,
+    check_method,
+    cum_fractions,
+    hilbert_keys,
+    morton_keys,
+    quantize,
+    quantize_weights,
+    rcb,
+)
 from ..tensor import ShardTensor
-from ._rcb import cum_fractions, rcb
-from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
-from ._validate import check_method, quantize_weights
 
-__all__ = ["repartition"]
+__all__ = ["repartition", "repartition_with_payload"]
 
 GATHER_LIMIT = 64  # median-bucket points per node gathered to every rank once refinement is done
 SUB_BUCKETS = 1024  # resolution of each refinement histogram
@@ -94,7 +101,7 @@ def repartition(
     ``sizes``, for any input distribution (empty chunks included). The tie rule that makes this
     exact: points are ordered by (coordinate, original index) in RCB nodes and by (curve key,
     original index) along curves, and weights are quantised so that every sum is exact (see
-    :mod:`meshshard.partition._repartition`).
+    :mod:`meshshard.ops.parallel_partition`).
 
     Parameters
     ----------

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 import meshshard as ms
+from meshshard.ops.parallel_partition import GATHER_LIMIT, repartition_with_payload
 from meshshard.partition import partition
-from meshshard.partition._repartition import GATHER_LIMIT, repartition_with_payload
 from meshshard.testing import run_distributed
 
 METHODS = ("rcb", "rcb-longest", "morton", "hilbert")
