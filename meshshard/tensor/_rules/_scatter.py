@@ -60,6 +60,7 @@ import math
 import torch
 
 from ... import comm
+from ..._sizes import offsets_of
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
@@ -353,7 +354,7 @@ def _route(spec, owner: torch.Tensor, *payloads: torch.Tensor) -> list[torch.Ten
     out = []
     for t in payloads:
         got = comm.all_to_all(t.index_select(0, away.to(t.device)), send.tolist(), recv, spec.group)
-        before = sum(recv[:me])
+        before = offsets_of(recv)[me]
         mine = t.index_select(0, keep.to(t.device))
         out.append(torch.cat([got[:before], mine, got[before:]]))
     return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from ... import comm
+from ..._sizes import offsets_of
 from .._dispatch import bind
 from .._dispatch import register_rule as register
 from .._tensor import ReplicatedTensor, ShardTensor
@@ -71,7 +72,7 @@ def _two_stage(fn, x: ShardTensor, dim: int | None, inverse: bool, counts: bool)
     with no_subclass():
         u, inv2 = fn(cat, return_inverse=True, **kw)
         total = torch.zeros(u.shape[d], dtype=cnt_all.dtype).index_add_(0, inv2, cnt_all)
-        start = sum(sizes[: spec.rank])
+        start = offsets_of(sizes)[spec.rank]
         mine = inv2[start:start + sizes[spec.rank]]
         inv = mine[inv_l].reshape(x.to_local().shape if dim is None else (-1,))
     out = [replicated(u, spec)]
