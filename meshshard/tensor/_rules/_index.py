@@ -27,7 +27,7 @@ from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
 from .._tensor import ShardTensor, wrap_shard
-from ._common import common_spec, plain_along_shard, refuse, replicated, wrap
+from ._common import common_spec, corner_positions, plain_along_shard, refuse, replicated, wrap
 
 T = torch.Tensor
 
@@ -436,13 +436,7 @@ def _gather(func, args, kwargs):
     rows = fetch_rows(x, local_idx.reshape(-1), op_name(func))  # (m, *rest_x) moved: sharded dim first
     rows = rows.movedim(spec.dim, 0) if spec.dim else rows
     rows = rows.reshape(rows.shape[0], math.prod(rest_x))
-    grids = torch.meshgrid(*[torch.arange(s) for s in rest_i], indexing="ij") if rest_i else []
-    lin = torch.zeros(rest_i, dtype=torch.long)
-    for g, size in zip(grids, rest_x):
-        lin = lin * size + g
-    for size in rest_x[len(rest_i) :]:
-        lin = lin * size
-    lin = lin.reshape(1, -1).expand(local_idx.shape[0], -1).reshape(-1, 1).to(rows.device)
+    lin = corner_positions(rest_i, rest_x).reshape(1, -1).expand(local_idx.shape[0], -1).reshape(-1, 1).to(rows.device)
     out = rows.gather(1, lin).reshape(local_idx.shape).movedim(0, spec.dim)
     return wrap_shard(out, idx._spec)
 

@@ -64,7 +64,17 @@ from ..._sizes import offsets_of
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
-from ._common import common_spec, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, wrap
+from ._common import (
+    common_spec,
+    corner_positions,
+    local_of,
+    ndim,
+    norm_dims,
+    plain_along_shard,
+    refuse,
+    replicated,
+    wrap,
+)
 
 T = torch.Tensor
 
@@ -391,12 +401,7 @@ def _elements_to_owners(func, a, inp: ShardTensor, rows_i, rows_s, d: int, spec,
         rest_i = list(rows_i.shape[1:])
         if any(i > t for i, t in zip(rest_i, rest_t)):
             raise RuntimeError(f"{op_name(func)}: the index is larger than the target along a dim other than {d}")
-        grids = torch.meshgrid(*[torch.arange(k) for k in rest_i], indexing="ij") if rest_i else []
-        lin = torch.zeros(rest_i, dtype=torch.long)
-        for g, k in zip(grids, rest_t):
-            lin = lin * k + g
-        for k in rest_t[len(rest_i):]:
-            lin = lin * k
+        lin = corner_positions(rest_i, rest_t)
         width = math.prod(rest_t)
         rows_flat = rows_i.reshape(-1)
         pos_rest = lin.reshape(1, -1).expand(rows_i.shape[0], -1).reshape(-1).to(rows_flat.device)

@@ -277,16 +277,24 @@ def _select_kth(func, x: ShardTensor, d: int, keepdim: bool, pos_of):
     return replicated(v.reshape(shape), x._spec), replicated(i.reshape(shape), x._spec)
 
 
-@register(torch.kthvalue, T.kthvalue)
-def _kthvalue(func, args, kwargs):
-    a = bind(func, args, kwargs, ("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False})
-    x = _sortable(func, a["input"])
-    d = dim_of(func, x, a["dim"])
-    keepdim = bool(a["keepdim"])
+def _without_ranking(func, args, kwargs, x: ShardTensor, d: int, keepdim: bool):
+    """The result of a selection along ``d`` that needs no ranking across ranks (``None`` when it does):
+    along another dim than the points (local), or on a trivially sharded tensor (the whole op)."""
     if d != x._spec.dim:
         return along_other_dim(func, args, kwargs, x, d, drops_dim=not keepdim)
     if _trivial(x, d):
         return _whole(func, args, kwargs, x)
+    return None
+
+
+@register(torch.kthvalue, T.kthvalue)
+def _kthvalue(func, args, kwargs):
+    a = bind(func, args, kwargs, ("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False})
+    x, keepdim = _sortable(func, a["input"]), bool(a["keepdim"])
+    d = dim_of(func, x, a["dim"])
+    done = _without_ranking(func, args, kwargs, x, d, keepdim)
+    if done is not None:
+        return done
     k, n = int(a["k"]), x._spec.num_global
     if not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {d} (k = {k}, size {n})")
@@ -317,13 +325,11 @@ def _median(func, args, kwargs):
         v, _ = _select_kth(func, flat, 0, False, _median_pos(0, ignore_nan))
         return replicated(_evenly(flat, v), x._spec)
     a = bind(func, args, kwargs, ("input", "dim", "keepdim"), {"keepdim": False})
-    x = _sortable(func, a["input"])
+    x, keepdim = _sortable(func, a["input"]), bool(a["keepdim"])
     d = dim_of(func, x, a["dim"])
-    keepdim = bool(a["keepdim"])
-    if d != x._spec.dim:
-        return along_other_dim(func, args, kwargs, x, d, drops_dim=not keepdim)
-    if _trivial(x, d):
-        return _whole(func, args, kwargs, x)
+    done = _without_ranking(func, args, kwargs, x, d, keepdim)
+    if done is not None:
+        return done
     v, i = _select_kth(func, x, d, keepdim, _median_pos(d, ignore_nan))
     return (torch.return_types.nanmedian if ignore_nan else torch.return_types.median)((v, i))
 
@@ -450,10 +456,9 @@ def _topk(func, args, kwargs):
              {"dim": -1, "largest": True, "sorted": True})
     x = _sortable(func, a["input"])
     d = dim_of(func, x, a["dim"])
-    if d != x._spec.dim:
-        return along_other_dim(func, args, kwargs, x, d)
-    if _trivial(x, d):
-        return _whole(func, args, kwargs, x)
+    done = _without_ranking(func, args, kwargs, x, d, keepdim=True)  # topk keeps the dim
+    if done is not None:
+        return done
     spec, k, largest = x._spec, int(a["k"]), bool(a["largest"])
     if not 0 <= k <= spec.num_global:
         raise RuntimeError(f"{op_name(func)}: selected index k out of range (k = {k}, size {spec.num_global})")
