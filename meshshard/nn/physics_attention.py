@@ -19,6 +19,18 @@ __all__ = ["PhysicsAttention"]
 _INSTANCES = itertools.count()  # default seeds: construction order, the same on every rank
 
 
+def check_point_features(x: torch.Tensor, channels: int, module: nn.Module) -> None:
+    """``x`` as a model over points takes it: a floating ``(N, channels)`` or ``(B, N, channels)`` tensor on
+    ``module``'s device, a ShardTensor sharded along the points (metadata only: no sync)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"Expected 'x' to be a torch.Tensor (got {type(x).__name__})")
+    if x.dim() not in (2, 3) or x.shape[-1] != channels:
+        raise ValueError(f"x must have shape (N, {channels}) or (B, N, {channels}) (got {tuple(x.shape)})")
+    if isinstance(x, ShardTensor) and x.shard_dim != x.dim() - 2:
+        raise ValueError(f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim})")
+    check_dtype_and_device(x, module)
+
+
 def check_dtype_and_device(x: torch.Tensor, module: nn.Module) -> None:
     """Floating ``x`` on the device of ``module``'s parameters (metadata only: no sync)."""
     if not x.is_floating_point():
@@ -286,18 +298,7 @@ class PhysicsAttention(nn.Module):
         the class docstring (``(N,)`` integers; a ShardTensor sharded like ``x``'s points when
         ``x`` is one).
         """
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"Expected 'x' to be a torch.Tensor (got {type(x).__name__})")
-        if x.dim() not in (2, 3) or x.shape[-1] != self.dim:
-            raise ValueError(
-                f"x must have shape (N, {self.dim}) or (B, N, {self.dim}) (got {tuple(x.shape)})"
-            )
-        if isinstance(x, ShardTensor) and x.shard_dim != x.dim() - 2:
-            raise ValueError(
-                f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim} of shape "
-                f"{tuple(x.global_shape)})"
-            )
-        check_dtype_and_device(x, self)
+        check_point_features(x, self.dim, self)
         check_point_ids(point_ids, x)
         unbatched = x.dim() == 2
         if unbatched:

@@ -25,7 +25,7 @@ from ..ops.slice_tokens import finish_slice_tokens, slice_sums
 from ..tensor import ShardTensor, wrap
 from .physics_attention import (
     PhysicsAttention,
-    check_dtype_and_device,
+    check_point_features,
     check_point_ids,
     check_temperature_range,
     check_variant,
@@ -270,17 +270,7 @@ class Transolver(nn.Module):
         )
 
     def _check_input(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"Expected 'x' to be a torch.Tensor (got {type(x).__name__})")
-        if x.dim() not in (2, 3) or x.shape[-1] != self.in_dim:
-            raise ValueError(
-                f"x must have shape (N, {self.in_dim}) or (B, N, {self.in_dim}) (got {tuple(x.shape)})"
-            )
-        if isinstance(x, ShardTensor) and x.shard_dim != x.dim() - 2:
-            raise ValueError(
-                f"x must be sharded on the point dim {x.dim() - 2} (got shard dim {x.shard_dim})"
-            )
-        check_dtype_and_device(x, self)
+        check_point_features(x, self.in_dim, self)
         if condition is None:
             return
         if self.cond_dim is None:

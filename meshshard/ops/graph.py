@@ -20,19 +20,20 @@ with ``meshshard.comm`` collectives only to find the ghosts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from .. import comm
 from .._checks import check_positive_int
-from .._sizes import offsets_of
+from .._records import Record
+from .._sizes import offsets_of, ring_bytes
 from ..halo import HaloPlan, check_coordinates
 from ..partition import MeshPartition, Partition
 from ..tensor import ShardSpec, ShardTensor, local_of
 from .neighbors import Neighbors
 
-__all__ = ["ShardedGraph", "ShardedEdges", "cells_to_edges", "shard_edges", "simulate_graph_halo"]
+__all__ = ["ShardedGraph", "ShardedEdges", "cells_to_edges", "shard_edges", "simulate_graph_halo", "GraphHaloReport"]
 
 
 def cells_to_edges(cells: torch.Tensor, mode: str = "cycle") -> torch.Tensor:
@@ -503,37 +504,61 @@ def _fetch_in_edges(
     return got[:, 0], got[:, 1], got[:, 2]
 
 
-def simulate_graph_halo(edge_index: torch.Tensor, sizes: list[int], *, row_bytes: int, hops: int = 1) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GraphHaloReport(Record):
+    """What :func:`simulate_graph_halo` reports (per-rank lists over ranks); reads like a dict too."""
+
+    num_ranks: int
+    #: Bytes of one exchanged row.
+    row_bytes: int
+    hops: int
+    num_owned: list[int]
+    num_ghosts: list[int]
+    #: Per rank, bytes received per exchange.
+    ghost_bytes: list[int]
+    #: Per rank, bytes a ring that moves every point to every other rank would send.
+    ring_bytes: list[int]
+    total_ghost_bytes: int
+    total_ring_bytes: int
+
+
+def _khop_ghosts(src: torch.Tensor, dst: torch.Tensor, lo: int, hi: int, hops: int) -> torch.Tensor:
+    """The sorted ghost ids of the part owning ``[lo, hi)``: the sources of its incoming edges outside it,
+    then, ``hops - 1`` times, the outside sources of the newest ghosts' incoming edges (serial: every
+    edge is at hand, where :meth:`ShardedGraph.from_edges` asks the owners)."""
+    frontier = torch.unique(src[(dst >= lo) & (dst < hi) & ((src < lo) | (src >= hi))])
+    known = frontier
+    for _ in range(hops - 1):
+        new = torch.unique(src[torch.isin(dst, frontier)])
+        frontier = new[((new < lo) | (new >= hi)) & ~torch.isin(new, known)]
+        known = torch.unique(torch.cat([known, frontier]))
+    return known
+
+
+def simulate_graph_halo(
+    edge_index: torch.Tensor, sizes: list[int], *, row_bytes: int, hops: int = 1
+) -> GraphHaloReport:
     """Halo sizes of a graph split by targets into contiguous parts of ``sizes`` nodes (one process).
 
     The same ghost sets :meth:`ShardedGraph.from_edges` builds, for capacity planning at any ``P``.
-    Returns per-rank ``num_ghosts``, ``ghost_bytes`` (received per exchange), ``ring_bytes`` (a ring
+    Reports per-rank ``num_ghosts``, ``ghost_bytes`` (received per exchange), ``ring_bytes`` (a ring
     that moves every point to every rank: ``(P - 1) * N_r * row_bytes`` sent by rank ``r``) and totals.
     """
     edge_index = _check_edge_index(edge_index, edge_index.device)
-    offsets = torch.tensor(offsets_of(sizes))
+    hops = check_positive_int(hops, "hops")
+    offsets = offsets_of(sizes)
     src, dst = edge_index
-    part = torch.searchsorted(offsets, dst, right=True) - 1
-    ghosts = []
-    for r in range(len(sizes)):
-        lo, hi = int(offsets[r]), int(offsets[r + 1])
-        in_part = part == r
-        reach = torch.unique(src[in_part])
-        frontier = reach[(reach < lo) | (reach >= hi)]
-        known = frontier
-        for _ in range(hops - 1):
-            new = torch.unique(src[torch.isin(dst, frontier)])
-            new = new[((new < lo) | (new >= hi)) & ~torch.isin(new, known)]
-            known, frontier = torch.unique(torch.cat([known, new])), new
-        ghosts.append(int(known.numel()))
-    world = len(sizes)
-    ghost_bytes = [g * row_bytes for g in ghosts]
-    ring = [(world - 1) * n * row_bytes for n in sizes]
-    return {
-        "num_ranks": world,
-        "num_ghosts": ghosts,
-        "ghost_bytes": ghost_bytes,
-        "ring_bytes": ring,
-        "total_ghost_bytes": sum(ghost_bytes),
-        "total_ring_bytes": sum(ring),
-    }
+    ghosts = [int(_khop_ghosts(src, dst, offsets[r], offsets[r + 1], hops).numel()) for r in range(len(sizes))]
+    ghost_bytes = [g * int(row_bytes) for g in ghosts]
+    ring = ring_bytes(sizes, row_bytes)
+    return GraphHaloReport(
+        num_ranks=len(sizes),
+        row_bytes=int(row_bytes),
+        hops=hops,
+        num_owned=[int(n) for n in sizes],
+        num_ghosts=ghosts,
+        ghost_bytes=ghost_bytes,
+        ring_bytes=ring,
+        total_ghost_bytes=sum(ghost_bytes),
+        total_ring_bytes=sum(ring),
+    )

@@ -327,3 +327,26 @@ def test_nested_comm_counters_with_equal_counts_leave_in_order():
         ms.comm._record("all_reduce", 8)
     assert outer.counts["all_reduce"] == 1 and inner.counts["all_reduce"] == 0
     assert outer not in ms.comm._ACTIVE and inner not in ms.comm._ACTIVE
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_simulate_graph_halo_counts_the_ghost_sets_of_from_edges(hops):
+    """The serial simulation's ghosts are the nodes within ``hops`` in-hops of a part (the sets the
+    test above checks ShardedGraph.from_edges builds), its bytes the halo and the ring's."""
+    _, _, edges = graph_data()
+    for world, sizes in SIZES.items():
+        report = ms.ops.simulate_graph_halo(edges, sizes, row_bytes=12, hops=hops)
+        want = []
+        for rank in range(world):
+            lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+            reach = torch.zeros(N, dtype=torch.bool)
+            reach[lo:hi] = True
+            for _ in range(hops):
+                reach[edges[0][reach[edges[1]]]] = True
+            reach[lo:hi] = False
+            want.append(int(reach.sum()))
+        assert report.num_ghosts == want
+        assert report["ghost_bytes"] == [12 * g for g in want]
+        assert report.ring_bytes == [(world - 1) * n * 12 for n in sizes]
+        assert report.total_ring_bytes == sum(report.ring_bytes) and report.num_owned == sizes
+        assert report.to_dict()["hops"] == hops

@@ -49,21 +49,23 @@ import torch
 
 from ... import comm
 from ..._checks import check_positive_int, check_radius
+from ..._sizes import offsets_of
 from ...errors import UnsupportedOpError
 from .._dispatch import bind, no_subclass
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
-from ._common import local_of
+from ._common import local_of, refuse
 
 __all__ = ["radius_edges", "knn_edges", "fps_index"]
 
 _BIG = torch.iinfo(torch.long).max
 
 
-def _agree(sharded: bool, spec, local_error: str | None, what: str) -> None:
-    """Raise ``UnsupportedOpError`` on every rank when any rank found ``local_error``."""
-    if sharded:
-        comm.agree(local_error, spec.group, error_type=UnsupportedOpError, what=what)
+def _agree(x: torch.Tensor, local_error: str | None, what: str) -> None:
+    """Raise ``UnsupportedOpError`` on every rank when any rank found ``local_error``: the ranks' verdicts
+    meet in :func:`comm.agree`; plain tensors are one process's call, decided by it alone."""
+    if isinstance(x, ShardTensor):
+        comm.agree(local_error, x.spec.group, error_type=UnsupportedOpError, what=what)
     elif local_error is not None:
         raise UnsupportedOpError(f"{what}: {local_error}")
 
@@ -106,7 +108,7 @@ def radius_edges(x: torch.Tensor, y: torch.Tensor, r: float, max_num_neighbors: 
     over = int((count > k).sum())
     error = (f"{over} queries have more than max_num_neighbors={k} points within r={r}, and torch_cluster "
              "keeps an arbitrary subset of them; raise max_num_neighbors") if over else None
-    _agree(isinstance(x, ShardTensor), getattr(x, "spec", None), error, "torch_cluster.radius on ShardTensors")
+    _agree(x, error, "torch_cluster.radius on ShardTensors")
     nbr = plan.to_global(index)
     nbr = torch.where(index >= 0, nbr, torch.full_like(nbr, _BIG)).sort(dim=1).values
     return _edges(y, nbr, count)
@@ -123,7 +125,7 @@ def knn_edges(x: torch.Tensor, y: torch.Tensor, k: int) -> torch.Tensor:
     n_tied = int(tied.sum())
     error = (f"{n_tied} queries have a tie between their {k}-th and {k + 1}-th nearest points, so the "
              "k nearest are not one set (torch_cluster keeps one of them by traversal order)") if n_tied else None
-    _agree(isinstance(x, ShardTensor), getattr(x, "spec", None), error, "torch_cluster.knn on ShardTensors")
+    _agree(x, error, "torch_cluster.knn on ShardTensors")
     return _edges(y, nb.global_index()[:, :k], nb.count.clamp(max=k))
 
 
@@ -161,7 +163,8 @@ def fps_index(src: torch.Tensor, ratio: float | torch.Tensor) -> torch.Tensor:
         return out
     p, me = src.spec.num_ranks, src.spec.rank
     sizes = [m // p + (i < m % p) for i in range(p)]
-    mine = out[sum(sizes[:me]): sum(sizes[: me + 1])]
+    at = offsets_of(sizes)
+    mine = out[at[me] : at[me + 1]]
     return ShardTensor.from_local(mine, src.spec.mesh, sizes=sizes, mesh_dim=src.spec.mesh_dim, validate=False)
 
 
@@ -177,30 +180,26 @@ def _fps_point(local: torch.Tensor, lo: int, group, gid: int) -> torch.Tensor:
 
 # -- the custom ops ------------------------------------------------------------------------------------
 
-def _refuse(op: str, why: str) -> UnsupportedOpError:
-    return UnsupportedOpError(f"torch_cluster.{op} on ShardTensors: {why}")
-
-
-def _check_sharded_pair(op: str, x, y, ptr_x, ptr_y) -> None:
+def _check_sharded_pair(func, x, y, ptr_x, ptr_y) -> None:
     if ptr_x is not None or ptr_y is not None:
-        raise _refuse(op, "batch vectors with more than one example are not supported; run one example "
-                          "per call (a batch of zeros, or none)")
+        raise refuse(func, "batch vectors with more than one example are not supported; run one example "
+                       "per call (a batch of zeros, or none)")
     if not (isinstance(x, ShardTensor) and isinstance(y, ShardTensor)):
-        raise _refuse(op, "x and y must both be ShardTensors sharded along the point dim (got "
-                          f"{type(x).__name__} and {type(y).__name__}); shard the other with ms.scatter")
+        raise refuse(func, "x and y must both be ShardTensors sharded along the point dim (got "
+                       f"{type(x).__name__} and {type(y).__name__}); shard the other with ms.scatter")
 
 
 def _radius_rule(func, args, kwargs):
     a = bind(func, args, kwargs, ("x", "y", "ptr_x", "ptr_y", "r", "max_num_neighbors", "num_workers"))
-    _check_sharded_pair("radius", a["x"], a["y"], a["ptr_x"], a["ptr_y"])
+    _check_sharded_pair(func, a["x"], a["y"], a["ptr_x"], a["ptr_y"])
     return radius_edges(a["x"], a["y"], a["r"], a["max_num_neighbors"])
 
 
 def _knn_rule(func, args, kwargs):
     a = bind(func, args, kwargs, ("x", "y", "ptr_x", "ptr_y", "k", "cosine", "num_workers"))
-    _check_sharded_pair("knn", a["x"], a["y"], a["ptr_x"], a["ptr_y"])
+    _check_sharded_pair(func, a["x"], a["y"], a["ptr_x"], a["ptr_y"])
     if a["cosine"]:
-        raise _refuse("knn", "cosine=True is not supported (Euclidean distances only)")
+        raise refuse(func, "cosine=True is not supported (Euclidean distances only)")
     return knn_edges(a["x"], a["y"], a["k"])
 
 
@@ -208,16 +207,16 @@ def _fps_rule(func, args, kwargs):
     a = bind(func, args, kwargs, ("src", "ptr", "ratio", "random_start"), {"random_start": True})
     src, ptr = a["src"], a["ptr"]
     if not isinstance(src, ShardTensor) or src.shard_dim != 0 or isinstance(ptr, ShardTensor):
-        raise _refuse("fps", "src must be a ShardTensor sharded along dim 0 and ptr a plain tensor")
+        raise refuse(func, "src must be a ShardTensor sharded along dim 0 and ptr a plain tensor")
     if a["random_start"]:
-        raise _refuse("fps", "random_start=True draws the start inside torch_cluster; pass random_start=False")
+        raise refuse(func, "random_start=True draws the start inside torch_cluster; pass random_start=False")
     with no_subclass():
         ptr_list = [int(v) for v in torch.as_tensor(ptr).flatten().tolist()]
         ratio = torch.as_tensor(a["ratio"]).flatten()
     if ptr_list != [0, src.shape[0]]:
-        raise _refuse("fps", "batch vectors with more than one example are not supported; one example per call")
+        raise refuse(func, "batch vectors with more than one example are not supported; one example per call")
     if ratio.numel() != 1:
-        raise _refuse("fps", "one ratio per call")
+        raise refuse(func, "one ratio per call")
     return fps_index(src, ratio[0])
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -146,6 +146,25 @@ def _replicated_here(plain: torch.Tensor, spec: ShardSpec) -> bool:
 
 def refuse(func: Callable, why: str, hint: str = "") -> UnsupportedOpError:
     return UnsupportedOpError(f"{op_name(func)} on a ShardTensor: {why}" + (f"; {hint}" if hint else ""))
+
+
+def sharded_input(func: Callable, x: Any) -> ShardTensor:
+    """``x`` when it is a ShardTensor, else the refusal of an op that needs its input sharded."""
+    if not isinstance(x, ShardTensor):
+        raise refuse(func, "the input must be the ShardTensor")
+    return x
+
+
+def corner_positions(inner: Sequence[int], outer: Sequence[int]) -> torch.Tensor:
+    """The flat (row-major) positions, in a block of shape ``outer``, of its leading corner of shape ``inner``
+    (``inner[i] <= outer[i]``; missing trailing dims of ``inner`` are taken at 0): an ``inner``-shaped tensor."""
+    grids = torch.meshgrid(*[torch.arange(k) for k in inner], indexing="ij") if len(inner) else []
+    lin = torch.zeros(list(inner), dtype=torch.long)
+    for g, k in zip(grids, outer):
+        lin = lin * k + g
+    for k in outer[len(inner):]:
+        lin = lin * k
+    return lin
 
 
 def dim_of(func: Callable, x: Any, dim: Any) -> int:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .._dispatch import bind, no_subclass
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
-from ._common import local_of, ndim, refuse, wrap
+from ._common import local_of, ndim, refuse, sharded_input, wrap
 from ._grid import avg_pool, conv_rows, max_pool
 
 
@@ -76,9 +76,7 @@ def _local(func, args, kwargs, x: ShardTensor):
 @register(F.adaptive_max_pool1d, F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)
 def _adaptive_max(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "output_size", "return_indices"), {"return_indices": False})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     idx = bool(a["return_indices"]) or func in (F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)
     if x._spec.dim == 0 and ndim(x) == 3:
         return _local(func, args, kwargs, x)
@@ -90,9 +88,7 @@ def _adaptive_max(func, args, kwargs):
 @register(torch.adaptive_avg_pool1d, F.adaptive_avg_pool1d)
 def _adaptive_avg(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "output_size"))
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     if x._spec.dim == 0 and ndim(x) == 3:
         return _local(func, args, kwargs, x)
     if _tuple(a["output_size"], 1) != (1,):
@@ -112,8 +108,7 @@ def _spans_all(x: ShardTensor, a) -> bool:
 def _global_window(func, x, a: dict) -> bool:
     """A window over all the points of a ``(B, C, N)`` input sharded along ``N``: pool globally (a replicated
     result). Anything else goes through the row halo (decided from the spec and the arguments)."""
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    sharded_input(func, x)
     return x._spec.dim == ndim(x) - 1 and ndim(x) == 3 and _spans_all(x, a)
 
 

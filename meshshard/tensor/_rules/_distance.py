@@ -34,7 +34,7 @@ from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ReplicatedTensor, ShardTensor
-from ._common import common_spec, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, wrap
+from ._common import common_spec, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, sharded_input, wrap
 from ._reduce import SafeRoot, linalg_vector_norm_rule
 
 
@@ -65,9 +65,7 @@ def _cdist(func, args, kwargs):
 @register(torch.linalg.norm)
 def _linalg_norm(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "ord", "dim", "keepdim"), {"keepdim": False}, kwonly=("dtype",))
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     nd = ndim(x)
     dims = norm_dims(a["dim"], nd, func)
     if dims is not None and x._spec.dim not in dims:
@@ -100,8 +98,7 @@ def _normalize(func, args, kwargs):
     x = a["input"]
     if a["out"] is not None:
         raise refuse(func, "out= is not supported", "write the result to a new tensor")
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    sharded_input(func, x)
     (d,) = norm_dims(a["dim"], ndim(x), func)
     if d != x._spec.dim:
         with no_subclass():

@@ -46,7 +46,7 @@ from .._dispatch import register_rule as register
 from .._rows import fetch_intervals, sizes_by_anchor, window_rows
 from .._spec import ShardSpec
 from .._tensor import ReplicatedTensor, ShardTensor, wrap_shard
-from ._common import local_of, ndim, refuse, wrap
+from ._common import local_of, ndim, refuse, sharded_input, wrap
 
 __all__ = ["conv_rows"]
 
@@ -271,9 +271,7 @@ def _max_pool_nd(func, args, kwargs):
 
 def max_pool(func, a: dict, k: int):
     """Max pooling (``k``-d) of a ShardTensor: local along a batch, through the halo along a spatial dim."""
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     idx = bool(a.pop("return_indices", False)) or func in _RETURNS_INDICES
     ax = _spatial_axis(func, x, k)
     if ax is None:
@@ -296,9 +294,7 @@ def _avg_pool_nd(func, args, kwargs):
 
 def avg_pool(func, a: dict, k: int):
     """Average pooling (``k``-d): local along a batch, through the halo along a spatial dim."""
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     ax = _spatial_axis(func, x, k)
     if ax is None:
         with no_subclass():
@@ -339,9 +335,7 @@ def _pad(func, args, kwargs):
     else:
         a = bind(func, args, kwargs, ("input", "pad", "mode", "value"), {"mode": "constant"})
         a["mode"] = a["mode"] or "constant"
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     spec = x._spec
     mode = a["mode"]
     pad = [int(p) for p in a["pad"]]
@@ -411,9 +405,7 @@ def _linear_source(n_in: int, n_out: int, j: torch.Tensor, align_corners: bool, 
 def _interpolate(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "size", "scale_factor", "mode", "align_corners",
                                   "recompute_scale_factor", "antialias"), {"mode": "nearest", "antialias": False})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     spec = x._spec
     nd, d, mode = ndim(x), spec.dim, a["mode"]
     out_meta = _probe(func, a)
@@ -484,9 +476,7 @@ def _interpolate(func, args, kwargs):
 @register(torch.Tensor.unfold)
 def _tensor_unfold(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "dimension", "size", "step"))
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     spec = x._spec
     nd = ndim(x)
     with no_subclass(), torch.no_grad():
@@ -512,9 +502,7 @@ def _f_unfold(func, args, kwargs):
     sharded by output row (``sizes * W_out``)."""
     a = bind(func, args, kwargs, ("input", "kernel_size", "dilation", "padding", "stride"),
              {"dilation": 1, "padding": 0, "stride": 1})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     spec = x._spec
     nd = ndim(x)
     out_meta = _probe(func, a)
@@ -541,9 +529,7 @@ def _f_unfold(func, args, kwargs):
 @register(torch.diff, torch.Tensor.diff)
 def _diff(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "n", "dim", "prepend", "append"), {"n": 1, "dim": -1})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     spec = x._spec
     nd = ndim(x)
     with no_subclass(), torch.no_grad():
@@ -621,9 +607,7 @@ def _adaptive_pool(func, args, kwargs):
     k, kind = _ADAPTIVE[func]
     names = ("input", "output_size", "return_indices") if kind == "max" else ("input", "output_size")
     a = bind(func, args, kwargs, names, {"return_indices": False})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     with_idx = bool(a.get("return_indices")) or func in (F.adaptive_max_pool2d_with_indices,
                                                          F.adaptive_max_pool3d_with_indices)
     op = _ADAPTIVE_MAX[k] if kind == "max" else func

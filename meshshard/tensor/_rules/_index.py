@@ -27,7 +27,7 @@ from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
 from .._tensor import ShardTensor, wrap_shard
-from ._common import common_spec, plain_along_shard, refuse, replicated, wrap
+from ._common import common_spec, corner_positions, plain_along_shard, refuse, replicated, wrap
 
 T = torch.Tensor
 
@@ -217,57 +217,79 @@ def _getitem(func, args, kwargs):
         raise refuse(func, "a sharded boolean mask must be the only index")
     k = _item_dim(items, spec.dim)
     it = items[k]
-    tensors = [j for j, t in enumerate(items) if isinstance(t, torch.Tensor) and not isinstance(t, ShardTensor)]
     if isinstance(it, slice) and it == slice(None):
         if any(isinstance(t, ShardTensor) for t in items):
             raise refuse(func, "a ShardTensor index on a dim that is not sharded")
         return _local_getitem(x, items, k)
     if isinstance(it, slice):
-        start, stop, step = it.indices(spec.num_global)
-        if step <= 0:
-            raise ValueError("step must be greater than zero")
-        stop = max(stop, start)
-        y = global_range(x, start, stop, step)
-        items[k] = slice(None)
-        return _getitem(func, (y, tuple(items)), {})
-    others = [j for j in tensors if j != k]
+        return _getitem_slice(func, x, items, k)
+    others = [j for j, t in enumerate(items)
+              if isinstance(t, torch.Tensor) and not isinstance(t, ShardTensor) and j != k]
     if isinstance(it, torch.Tensor) and it.dtype == torch.bool:
-        if isinstance(it, ShardTensor) or others or it.dim() != 1:
-            raise refuse(func, "a plain boolean mask along the points must be 1-d and the only advanced index")
-        if it.shape[0] != spec.num_global:
-            raise IndexError(f"The shape of the mask {tuple(it.shape)} at index {spec.dim} does not match the shape "
-                             f"of the indexed tensor {tuple(spec.global_shape)}")
-        sizes = [int(it[spec.offsets[r] : spec.offsets[r + 1]].sum()) for r in range(spec.num_ranks)]
-        local_mask = it[spec.offsets[spec.rank] : spec.offsets[spec.rank + 1]]
-        shape = list(spec.global_shape)
-        shape[spec.dim] = sum(sizes)
-        with no_subclass():
-            out = x.to_local()[(slice(None),) * spec.dim + (local_mask.to(x.device),)]
-        y = wrap_shard(out, spec.resized(spec.dim, sizes, shape))
-        items[k] = slice(None)
-        return _getitem(func, (y, tuple(items)), {})
+        return _getitem_plain_mask(func, x, items, k, others)
     if others:
         raise refuse(func, "an index along the points combined with other advanced indices")
     if isinstance(it, int) or isinstance(it, torch.Tensor) and it.dim() == 0 and not isinstance(it, ShardTensor):
-        if any(isinstance(t, torch.Tensor) for t in items):
-            raise refuse(func, "an integer along the points combined with tensor indices")
-        items[k] = slice(None)
-        y = _getitem(func, (x, tuple(items)), {}) if any(t != slice(None) for t in items) else x
-        # the sharded dim sits after the dims the other items kept before it
-        return select_row(func, y, int(it))
+        return _getitem_int(func, x, items, k)
     if isinstance(it, torch.Tensor):
-        _as_index(func, it, spec)
-        before = items[:k]
-        if any(isinstance(t, int) or t is None for t in before) or any(
-                not (isinstance(t, slice) and t == slice(None)) for t in items[k + 1 :]):
-            raise refuse(func, "an index tensor along the points combined with other indices",
-                         "index the points first, then the other dims")
-        if any(not (isinstance(t, slice) and t == slice(None)) for t in before):
-            raise refuse(func, "an index tensor along the points combined with slices of earlier dims")
-        return _take(func, x, it)
+        return _getitem_tensor(func, x, items, k)
     if isinstance(it, (list, range)):
         return _getitem(func, (x, tuple(items[:k] + [torch.tensor(list(it), dtype=torch.long)] + items[k + 1 :])), {})
     raise refuse(func, f"unsupported index {it!r} along the points")
+
+
+def _getitem_slice(func, x: ShardTensor, items: list, k: int):
+    """A slice along the points: the global range, then the other items locally."""
+    start, stop, step = items[k].indices(x._spec.num_global)
+    if step <= 0:
+        raise ValueError("step must be greater than zero")
+    y = global_range(x, start, max(stop, start), step)
+    items[k] = slice(None)
+    return _getitem(func, (y, tuple(items)), {})
+
+
+def _getitem_plain_mask(func, x: ShardTensor, items: list, k: int, others: list):
+    """A plain 1-d boolean mask along the points (the same on every rank): each rank keeps its part."""
+    spec, it = x._spec, items[k]
+    if isinstance(it, ShardTensor) or others or it.dim() != 1:
+        raise refuse(func, "a plain boolean mask along the points must be 1-d and the only advanced index")
+    if it.shape[0] != spec.num_global:
+        raise IndexError(f"The shape of the mask {tuple(it.shape)} at index {spec.dim} does not match the shape "
+                         f"of the indexed tensor {tuple(spec.global_shape)}")
+    sizes = [int(it[spec.offsets[r] : spec.offsets[r + 1]].sum()) for r in range(spec.num_ranks)]
+    local_mask = it[spec.offsets[spec.rank] : spec.offsets[spec.rank + 1]]
+    shape = list(spec.global_shape)
+    shape[spec.dim] = sum(sizes)
+    with no_subclass():
+        out = x.to_local()[(slice(None),) * spec.dim + (local_mask.to(x.device),)]
+    y = wrap_shard(out, spec.resized(spec.dim, sizes, shape))
+    items[k] = slice(None)
+    return _getitem(func, (y, tuple(items)), {})
+
+
+def _getitem_int(func, x: ShardTensor, items: list, k: int):
+    """One point: the other items first, then the row from its owner."""
+    it = items[k]
+    if any(isinstance(t, torch.Tensor) for t in items):
+        raise refuse(func, "an integer along the points combined with tensor indices")
+    items[k] = slice(None)
+    y = _getitem(func, (x, tuple(items)), {}) if any(t != slice(None) for t in items) else x
+    # the sharded dim sits after the dims the other items kept before it
+    return select_row(func, y, int(it))
+
+
+def _getitem_tensor(func, x: ShardTensor, items: list, k: int):
+    """An index tensor along the points, alone or after full slices."""
+    it = items[k]
+    _as_index(func, it, x._spec)
+    before = items[:k]
+    if any(isinstance(t, int) or t is None for t in before) or any(
+            not (isinstance(t, slice) and t == slice(None)) for t in items[k + 1 :]):
+        raise refuse(func, "an index tensor along the points combined with other indices",
+                     "index the points first, then the other dims")
+    if any(not (isinstance(t, slice) and t == slice(None)) for t in before):
+        raise refuse(func, "an index tensor along the points combined with slices of earlier dims")
+    return _take(func, x, it)
 
 
 def _mask_select(func, x: ShardTensor, mask: ShardTensor):
@@ -414,13 +436,7 @@ def _gather(func, args, kwargs):
     rows = fetch_rows(x, local_idx.reshape(-1), op_name(func))  # (m, *rest_x) moved: sharded dim first
     rows = rows.movedim(spec.dim, 0) if spec.dim else rows
     rows = rows.reshape(rows.shape[0], math.prod(rest_x))
-    grids = torch.meshgrid(*[torch.arange(s) for s in rest_i], indexing="ij") if rest_i else []
-    lin = torch.zeros(rest_i, dtype=torch.long)
-    for g, size in zip(grids, rest_x):
-        lin = lin * size + g
-    for size in rest_x[len(rest_i) :]:
-        lin = lin * size
-    lin = lin.reshape(1, -1).expand(local_idx.shape[0], -1).reshape(-1, 1).to(rows.device)
+    lin = corner_positions(rest_i, rest_x).reshape(1, -1).expand(local_idx.shape[0], -1).reshape(-1, 1).to(rows.device)
     out = rows.gather(1, lin).reshape(local_idx.shape).movedim(0, spec.dim)
     return wrap_shard(out, idx._spec)
 

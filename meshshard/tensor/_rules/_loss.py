@@ -39,7 +39,7 @@ row); class weights ``(C,)`` are replicated parameters.
 from __future__ import annotations
 
 import inspect
-import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -80,118 +80,174 @@ def _tensor_names(func, names) -> list[str]:
     return [n for n in names if n not in skip]
 
 
-def _dropped_l1_weight():
-    """The ``weight`` of the ``F.l1_loss`` call that dispatched here.
+class _Probe(torch.Tensor):
+    """A tensor subclass that records the keyword arguments ``__torch_function__`` receives."""
 
-    torch 2.13's ``F.l1_loss`` leaves ``weight`` out of its ``handle_torch_function`` call, so the
-    rule would silently compute an unweighted loss; it is read back from that call's frame.
-    """
-    frame = sys._getframe(1)
-    code = F.l1_loss.__code__
-    for _ in range(12):
-        if frame is None:
+    seen: dict = {}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is F.l1_loss:
+            cls.seen = dict(kwargs or {})
             return None
-        if frame.f_code is code:
-            return frame.f_locals.get("weight")
-        frame = frame.f_back
-    return None
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
 
-@register(*_POINTWISE, *_CLASS, *_ROWWISE)
-def _loss(func, args, kwargs):
-    names, defaults = _signature(func)
-    if func is F.l1_loss and "weight" not in kwargs and len(args) < 6:
-        w = _dropped_l1_weight()
-        if w is not None:
-            kwargs = {**kwargs, "weight": w}
-    a = bind(func, args, kwargs, names, defaults)
-    orig = dict(a)
+def _l1_forwards_weight() -> bool:
+    """Whether this torch's ``F.l1_loss`` passes ``weight`` on to ``__torch_function__``.
+
+    torch 2.13's ``F.l1_loss`` lists ``weight`` among the arguments it checks for overrides but leaves it
+    out of the call it forwards, so a rule would compute an unweighted loss without knowing it.
+    """
+    x = torch.zeros(1).as_subclass(_Probe)
+    F.l1_loss(x, x, weight=torch.ones(1))
+    return "weight" in _Probe.seen
+
+
+def _forward_l1_weight(handle: Callable) -> Callable:
+    """``torch.nn.functional``'s ``handle_torch_function``, completed for ``F.l1_loss``: its ``weight``
+    (the third of the arguments it checks) is forwarded as the keyword torch's signature promises."""
+
+    def handle_torch_function(public_api, relevant_args, *args, **kwargs):
+        if public_api is _L1 and "weight" not in kwargs and len(relevant_args) == 3:
+            kwargs["weight"] = relevant_args[2]
+        return handle(public_api, relevant_args, *args, **kwargs)
+
+    handle_torch_function.__wrapped__ = handle
+    return handle_torch_function
+
+
+_L1 = F.l1_loss
+if not _l1_forwards_weight():
+    # An explicit argument instead of a guess: every F.l1_loss call that reaches __torch_function__ (ours,
+    # a DTensor's, a mode's) now carries its weight; calls without overrides never enter this path.
+    F.handle_torch_function = _forward_l1_weight(F.handle_torch_function)
+
+
+def _reduction_of(func, a: dict) -> str:
+    """The normalised ``reduction`` (the legacy ``size_average``/``reduce`` pair mapped as torch does)."""
     reduction = a["reduction"]
     if a.get("size_average") is not None or a.get("reduce") is not None:
         reduction = _reduction.legacy_get_string(a.get("size_average"), a.get("reduce"), emit_warning=False)
     if reduction not in ("none", "sum", "mean") and not (func is F.kl_div and reduction == "batchmean"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    data = _tensor_names(func, names)
-    shards = [a[n] for n in data if isinstance(a[n], ShardTensor)]
-    for n in names:
-        if n not in data and isinstance(a[n], ShardTensor):
-            raise refuse(func, f"the argument {n!r} must be a plain (replicated) tensor")
-    spec = common_spec(shards, func)
-    first = names[0]
-    x = a[first]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, f"the first operand {first!r} must be the ShardTensor (got a plain tensor)")
-    nd, d = ndim(x), spec.dim
-    if func in _ROWWISE:
-        if nd < 2 or d != 0:  # a 1-d input is one row: its only dim holds the classes/features
-            raise refuse(func, f"it reduces each row of a 2-d input; shard the rows (dim 0 of (N, C)), not dim {d} "
-                         f"of a {nd}-d input")
-        out_dim = 0
-        for n in data[1:]:
-            t = a[n]
-            if isinstance(t, ShardTensor) and t._spec.dim != 0:
-                raise ShardingError(f"[rank {spec.rank}] {op_name(func)}: {n!r} must be sharded along dim 0 as well")
-            if isinstance(t, torch.Tensor) and not isinstance(t, ShardTensor) and t.dim() > 0:
-                a[n] = plain_along_shard(func, t, spec, t.dim())
-    elif func in _CLASS:
-        if nd < 2 or d == 1:
-            raise refuse(func, "the class dim (1) is sharded; shard the points (dim 0 or dims 2...)")
-        out_dim = d if d == 0 else d - 1
-        t = a["target"]
-        if not isinstance(t, ShardTensor):
-            raise refuse(func, "the target must be a ShardTensor sharded like the input")
-        probs = t.dtype.is_floating_point
-        want = d if probs or d == 0 else d - 1
-        if t._spec.dim != want or ndim(t) != (nd if probs else nd - 1):
-            raise ShardingError(f"[rank {spec.rank}] {op_name(func)}: an input sharded on dim {d} needs its target "
-                                f"sharded on dim {want} (got dim {t._spec.dim} of a {ndim(t)}-d target)")
-    else:
-        back = nd - d
-        for n in data:
-            t = a[n]
-            if isinstance(t, ShardTensor):
-                if func is F.gaussian_nll_loss and n == "var" and ndim(t) == nd - 1 and t._spec.dim == d:
-                    t = a[n] = t.unsqueeze(-1)  # torch's own broadcast of a per-point variance
-                if ndim(t) - t._spec.dim != back:
-                    raise ShardingError(f"[rank {spec.rank}] {op_name(func)}: the sharded dims of the operands do "
-                                        "not line up under broadcasting")
-            elif isinstance(t, torch.Tensor) and t.dim() > 0:
-                a[n] = plain_along_shard(func, t, spec, back)
-        out_dim = None  # from the end, below
+    return reduction
+
+
+def _rowwise_layout(func, a: dict, data: list[str], spec, nd: int) -> int:
+    """Per-row losses: rows (dim 0 of ``(N, C)``) sharded, every other operand along them; the loss dim."""
+    d = spec.dim
+    if nd < 2 or d != 0:  # a 1-d input is one row: its only dim holds the classes/features
+        raise refuse(func, f"it reduces each row of a 2-d input; shard the rows (dim 0 of (N, C)), not dim {d} "
+                     f"of a {nd}-d input")
+    for n in data[1:]:
+        t = a[n]
+        if isinstance(t, ShardTensor) and t._spec.dim != 0:
+            raise ShardingError(f"[rank {spec.rank}] {op_name(func)}: {n!r} must be sharded along dim 0 as well")
+        if isinstance(t, torch.Tensor) and not isinstance(t, ShardTensor) and t.dim() > 0:
+            a[n] = plain_along_shard(func, t, spec, t.dim())
+    return 0
+
+
+def _class_layout(func, a: dict, spec, nd: int) -> int:
+    """``cross_entropy``/``nll_loss``: the class dim 1 replicated, the target sharded to match; the loss dim."""
+    d = spec.dim
+    if nd < 2 or d == 1:
+        raise refuse(func, "the class dim (1) is sharded; shard the points (dim 0 or dims 2...)")
+    t = a["target"]
+    if not isinstance(t, ShardTensor):
+        raise refuse(func, "the target must be a ShardTensor sharded like the input")
+    probs = t.dtype.is_floating_point
+    want = d if probs or d == 0 else d - 1
+    if t._spec.dim != want or ndim(t) != (nd if probs else nd - 1):
+        raise ShardingError(f"[rank {spec.rank}] {op_name(func)}: an input sharded on dim {d} needs its target "
+                            f"sharded on dim {want} (got dim {t._spec.dim} of a {ndim(t)}-d target)")
+    return d if d == 0 else d - 1
+
+
+def _pointwise_layout(func, a: dict, data: list[str], spec, nd: int) -> None:
+    """Pointwise losses: every operand's sharded dim lines up with the input's under broadcasting."""
+    back = nd - spec.dim
+    for n in data:
+        t = a[n]
+        if isinstance(t, ShardTensor):
+            if func is F.gaussian_nll_loss and n == "var" and ndim(t) == nd - 1 and t._spec.dim == spec.dim:
+                t = a[n] = t.unsqueeze(-1)  # torch's own broadcast of a per-point variance
+            if ndim(t) - t._spec.dim != back:
+                raise ShardingError(f"[rank {spec.rank}] {op_name(func)}: the sharded dims of the operands do "
+                                    "not line up under broadcasting")
+        elif isinstance(t, torch.Tensor) and t.dim() > 0:
+            a[n] = plain_along_shard(func, t, spec, back)
+
+
+def _local_loss(func, a: dict, orig: dict, x: ShardTensor, d: int) -> tuple[torch.Tensor, dict]:
+    """This rank's per-element loss (torch's own code with ``reduction="none"``) and the local arguments."""
     local_a = {k: local_of(v) for k, v in a.items()}
     for k in ("size_average", "reduce"):
         local_a.pop(k, None)
     local_a["reduction"] = "none"
     with no_subclass():
         if local_of(x).shape[d] == 0 and func not in _POINTWISE:  # torch refuses some empty (N, C) inputs
-            per = _empty_loss(func, orig, local_a)
-        else:
-            per = func(**local_a)
-    if out_dim is None:
-        out_dim = per.dim() - (nd - d)
-    if reduction == "none":
-        return wrap(per, spec, out_dim)
-    total = per.sum()
-    if reduction == "sum":
-        return replicated(comm.all_reduce(total, spec.group), spec)
+            return _empty_loss(func, orig, local_a), local_a
+        return func(**local_a), local_a
+
+
+def _weighted_mean(func, a: dict, local_a: dict, total: torch.Tensor, group) -> torch.Tensor | None:
+    """The mean whose denominator depends on the data (class weights / ignored targets, a ``weight``):
+    the sum and the count in one fused all-reduce; ``None`` when the count follows from the shapes."""
     if func in _CLASS and not a["target"].dtype.is_floating_point:
-        t = local_of(a["target"])
+        t = local_a["target"]
         valid = t != a["ignore_index"]
         w = a["weight"]
         if w is not None:
             cnt = (local_of(w).detach()[torch.where(valid, t, torch.zeros_like(t))] * valid).sum()
         else:
             cnt = valid.sum()
-        both = comm.all_reduce(torch.stack([total, cnt.to(total.dtype)]), spec.group)
-        return replicated(both[0] / both[1], spec)
-    if func in (F.mse_loss, F.l1_loss) and a["weight"] is not None:  # torch: sum(w * loss) / sum(w)
-        both = comm.all_reduce(torch.stack([total, local_a["weight"].sum().to(total.dtype)]), spec.group)
-        return replicated(both[0] / both[1], spec)
-    n_local = _numel_without(per, out_dim)
+    elif func in (F.mse_loss, F.l1_loss) and a["weight"] is not None:  # torch: sum(w * loss) / sum(w)
+        cnt = local_a["weight"].sum()
+    else:
+        return None
+    both = comm.all_reduce(torch.stack([total, cnt.to(total.dtype)]), group)
+    return both[0] / both[1]
+
+
+@register(*_POINTWISE, *_CLASS, *_ROWWISE)
+def _loss(func, args, kwargs):
+    names, defaults = _signature(func)
+    a = bind(func, args, kwargs, names, defaults)
+    orig = dict(a)
+    reduction = _reduction_of(func, a)
+    data = _tensor_names(func, names)
+    for n in names:
+        if n not in data and isinstance(a[n], ShardTensor):
+            raise refuse(func, f"the argument {n!r} must be a plain (replicated) tensor")
+    spec = common_spec([a[n] for n in data if isinstance(a[n], ShardTensor)], func)
+    x = a[names[0]]
+    if not isinstance(x, ShardTensor):
+        raise refuse(func, f"the first operand {names[0]!r} must be the ShardTensor (got a plain tensor)")
+    nd, d = ndim(x), spec.dim
+    if func in _ROWWISE:
+        out_dim = _rowwise_layout(func, a, data, spec, nd)
+    elif func in _CLASS:
+        out_dim = _class_layout(func, a, spec, nd)
+    else:
+        _pointwise_layout(func, a, data, spec, nd)
+    per, local_a = _local_loss(func, a, orig, x, d)
+    if func in _POINTWISE:
+        out_dim = per.dim() - (nd - d)
+    if reduction == "none":
+        return wrap(per, spec, out_dim)
+    total = per.sum()
+    if reduction == "sum":
+        return replicated(comm.all_reduce(total, spec.group), spec)
+    mean = _weighted_mean(func, a, local_a, total, spec.group)
+    if mean is not None:
+        return replicated(mean, spec)
     if func is F.kl_div and reduction == "batchmean":
         count = spec.global_shape[0] if nd > 0 else 1
     else:
-        count = n_local * spec.num_global
+        count = _numel_without(per, out_dim) * spec.num_global
     return replicated(comm.all_reduce(total, spec.group) / count, spec)
 
 

@@ -35,16 +35,14 @@ from ... import comm
 from .._dispatch import bind, no_subclass
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
-from ._common import local_of, ndim, refuse, wrap
+from ._common import local_of, ndim, refuse, sharded_input, wrap
 
 _BN = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 _IN = ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps")
 
 
 def _check(func, a) -> ShardTensor:
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     for n in ("running_mean", "running_var", "weight", "bias"):
         if isinstance(a[n], ShardTensor):
             raise refuse(func, f"{n} must be a plain (replicated) tensor")

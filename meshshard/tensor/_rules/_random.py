@@ -34,7 +34,7 @@ from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
 from .._tensor import ShardTensor, wrap_shard
-from ._common import common_spec, local_shape, plain_along_shard, refuse
+from ._common import common_spec, local_shape, plain_along_shard, refuse, sharded_input
 
 T = torch.Tensor
 _LIKE = ("generator", "dtype", "layout", "device", "requires_grad", "memory_format")
@@ -94,8 +94,7 @@ def _draw(x: ShardTensor, generator, device=None, dtype=None, kind: str = "unifo
 def _check_like(func, a: dict) -> None:
     if a["layout"] not in (None, torch.strided):
         raise refuse(func, f"only the strided layout is supported (got {a['layout']})")
-    if not isinstance(a["input"], ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    sharded_input(func, a["input"])
 
 
 @register(torch.rand_like, torch.randn_like)
@@ -142,9 +141,7 @@ def _probabilities(func, p, x: ShardTensor) -> torch.Tensor | float:
 @register(torch.bernoulli, T.bernoulli, T.bernoulli_)
 def _bernoulli(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "p"), kwonly=("generator",))
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     p = a["p"]
     if p is None:
         if func is T.bernoulli_:
@@ -173,8 +170,7 @@ def _dropout(func, args, kwargs):
                  {"p": 0.5, "training": func is F.dropout, "inplace": False})
         training, inplace = a["training"], a["inplace"]
     x, p = a["input"], float(a["p"])
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    sharded_input(func, x)
     if p < 0.0 or p > 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:

@@ -60,10 +60,21 @@ import math
 import torch
 
 from ... import comm
+from ..._sizes import offsets_of
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
-from ._common import common_spec, local_of, ndim, norm_dims, plain_along_shard, refuse, replicated, wrap
+from ._common import (
+    common_spec,
+    corner_positions,
+    local_of,
+    ndim,
+    norm_dims,
+    plain_along_shard,
+    refuse,
+    replicated,
+    wrap,
+)
 
 T = torch.Tensor
 
@@ -248,6 +259,38 @@ def _gathered(func, a, inp, index, src, spec):
 _REDUCES = ("sum", "mean", "amax", "amin", "prod", "assign")
 
 
+def _contributions(func, index, src, d: int, scatter_kind: bool):
+    """``(index spec or None, local index, local source)``: a sharded index with its source sharded or
+    narrowed alike, or a plain (replicated) index and source."""
+    if isinstance(index, ShardTensor):
+        ispec = index._spec
+        want = d if scatter_kind else 0
+        if ispec.dim != want:
+            raise refuse(func, f"the index must be sharded along dim {want} (its rows are the contributions)")
+        if isinstance(src, ShardTensor):
+            if src._spec.dim != d:
+                raise refuse(func, f"the source must be sharded along the scatter dim {d}, like the index")
+            common_spec([index, src], func)
+        elif isinstance(src, torch.Tensor) and src.dim() > 0:
+            src = _narrow_plain(func, src, ispec, d)
+        return ispec, index.to_local(), local_of(src)
+    if isinstance(src, ShardTensor):
+        raise refuse(func, "a sharded source with a plain index", "shard the index like the source")
+    return None, index, local_of(src)
+
+
+def _as_rows(li: torch.Tensor, ls, dtype: torch.dtype, d: int, scatter_kind: bool):
+    """The index and the source with the contributions' rows along dim 0 (a scalar ``value`` expanded)."""
+    li = li.reshape(-1) if not scatter_kind else li
+    if not isinstance(ls, torch.Tensor):  # scatter(..., value=v)
+        ls = torch.full(li.shape, ls, dtype=dtype, device=li.device)
+    elif ls.dim() == 0 and scatter_kind:
+        ls = ls.expand(li.shape)
+    if scatter_kind:  # torch uses the index-shaped corner of the source
+        ls = ls[tuple(slice(0, k) for k in li.shape)]
+    return (li.movedim(d, 0) if scatter_kind else li), ls.movedim(d, 0)
+
+
 def into_sharded(func, a: dict, inp: ShardTensor, index, src, d: int):
     """Scatter into a target sharded along ``d``: each contribution is applied by the owner of its row.
 
@@ -261,53 +304,24 @@ def into_sharded(func, a: dict, inp: ShardTensor, index, src, d: int):
     reduction (``include_self`` both ways) and its gradient are torch's own.
     """
     spec = inp._spec
-    reduce = a["reduce"]
-    if reduce not in _REDUCES:
+    if a["reduce"] not in _REDUCES:
         raise RuntimeError(f"{op_name(func)}: reduce argument must be one of sum, prod, mean, amax, amin "
-                           f"(got {reduce!r})")
+                           f"(got {a['reduce']!r})")
     scatter_kind = a["kind"] == "scatter"
-    nd = ndim(inp)
-    if isinstance(index, ShardTensor):
-        ispec = index._spec
-        want = d if scatter_kind else 0
-        if ispec.dim != want:
-            raise refuse(func, f"the index must be sharded along dim {want} (its rows are the contributions)")
-        if isinstance(src, ShardTensor):
-            if src._spec.dim != d:
-                raise refuse(func, f"the source must be sharded along the scatter dim {d}, like the index")
-            common_spec([index, src], func)
-        elif isinstance(src, torch.Tensor) and src.dim() > 0:
-            src = _narrow_plain(func, src, ispec, d)
-        li = index.to_local()
-    elif isinstance(src, ShardTensor):
-        raise refuse(func, "a sharded source with a plain index", "shard the index like the source")
-    else:
-        ispec = None
-        li = index
-    ls = local_of(src)
-    if scatter_kind and li.dim() != nd:
+    ispec, li, ls = _contributions(func, index, src, d, scatter_kind)
+    if scatter_kind and li.dim() != ndim(inp):
         raise RuntimeError(f"{op_name(func)}: Index tensor must have the same number of dimensions as self tensor")
     if not scatter_kind and li.dim() > 1:
         raise IndexError(f"{op_name(func)}: Index is supposed to be a vector")
+    n = spec.num_global
+    lo, hi = spec.offsets[spec.rank], spec.offsets[spec.rank + 1]
     with no_subclass():
-        li = li.reshape(-1) if not scatter_kind else li
-        if not isinstance(ls, torch.Tensor):  # scatter(..., value=v)
-            ls = torch.full(li.shape, ls, dtype=inp.dtype, device=li.device)
-        elif ls.dim() == 0 and scatter_kind:
-            ls = ls.expand(li.shape)
-        if scatter_kind:  # torch uses the index-shaped corner of the source
-            ls = ls[tuple(slice(0, k) for k in li.shape)]
-        rows_i = li.movedim(d, 0) if scatter_kind else li
-        rows_s = ls.movedim(d, 0)
-        n = spec.num_global
-        lo, hi = spec.offsets[spec.rank], spec.offsets[spec.rank + 1]
+        rows_i, rows_s = _as_rows(li, ls, inp.dtype, d, scatter_kind)
         flat_i = rows_i.reshape(rows_i.shape[0], math.prod(rows_i.shape[1:]))
         first = flat_i[:, :1] if flat_i.shape[1] else rows_i.new_zeros((rows_i.shape[0], 1))
         bad = bool(((rows_i < 0) | (rows_i >= n)).any()) if rows_i.numel() else False
-        if ispec is None:  # replicated contributions: keep the ones that hit this rank's rows
-            foreign = False
-        else:
-            foreign = bool(((rows_i < lo) | (rows_i >= hi)).any()) if rows_i.numel() else False
+        # replicated contributions (no ispec): each rank keeps the ones that hit its rows, none is foreign
+        foreign = ispec is not None and rows_i.numel() > 0 and bool(((rows_i < lo) | (rows_i >= hi)).any())
         ragged = scatter_kind and rows_i.dim() > 1 and rows_i.numel() > 0 and bool(
             (flat_i != first).any())
     flags = comm.all_reduce_max(torch.tensor([int(bad), int(foreign), int(ragged)]), spec.group)
@@ -350,7 +364,7 @@ def _route(spec, owner: torch.Tensor, *payloads: torch.Tensor) -> list[torch.Ten
     out = []
     for t in payloads:
         got = comm.all_to_all(t.index_select(0, away.to(t.device)), send.tolist(), recv, spec.group)
-        before = sum(recv[:me])
+        before = offsets_of(recv)[me]
         mine = t.index_select(0, keep.to(t.device))
         out.append(torch.cat([got[:before], mine, got[before:]]))
     return out
@@ -387,12 +401,7 @@ def _elements_to_owners(func, a, inp: ShardTensor, rows_i, rows_s, d: int, spec,
         rest_i = list(rows_i.shape[1:])
         if any(i > t for i, t in zip(rest_i, rest_t)):
             raise RuntimeError(f"{op_name(func)}: the index is larger than the target along a dim other than {d}")
-        grids = torch.meshgrid(*[torch.arange(k) for k in rest_i], indexing="ij") if rest_i else []
-        lin = torch.zeros(rest_i, dtype=torch.long)
-        for g, k in zip(grids, rest_t):
-            lin = lin * k + g
-        for k in rest_t[len(rest_i):]:
-            lin = lin * k
+        lin = corner_positions(rest_i, rest_t)
         width = math.prod(rest_t)
         rows_flat = rows_i.reshape(-1)
         pos_rest = lin.reshape(1, -1).expand(rows_i.shape[0], -1).reshape(-1).to(rows_flat.device)

@@ -35,10 +35,11 @@ from __future__ import annotations
 import torch
 
 from ... import comm
+from ..._sizes import offsets_of
 from .._dispatch import bind
 from .._dispatch import register_rule as register
 from .._tensor import ReplicatedTensor, ShardTensor
-from ._common import common_spec, dim_of, ndim, no_subclass, refuse, replicated, shard_args, wrap
+from ._common import common_spec, dim_of, ndim, no_subclass, refuse, replicated, shard_args, sharded_input, wrap
 from ._linalg import gather_compute_reshard
 
 T = torch.Tensor
@@ -71,7 +72,7 @@ def _two_stage(fn, x: ShardTensor, dim: int | None, inverse: bool, counts: bool)
     with no_subclass():
         u, inv2 = fn(cat, return_inverse=True, **kw)
         total = torch.zeros(u.shape[d], dtype=cnt_all.dtype).index_add_(0, inv2, cnt_all)
-        start = sum(sizes[: spec.rank])
+        start = offsets_of(sizes)[spec.rank]
         mine = inv2[start:start + sizes[spec.rank]]
         inv = mine[inv_l].reshape(x.to_local().shape if dim is None else (-1,))
     out = [replicated(u, spec)]
@@ -88,9 +89,7 @@ def _unique(func, args, kwargs):
     names = ("input", "return_inverse", "return_counts", "dim") if consecutive else (
         "input", "sorted", "return_inverse", "return_counts", "dim")
     a = bind(func, args, kwargs, names, {"sorted": True, "return_inverse": False, "return_counts": False})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     if not consecutive and not a["sorted"]:
         # torch on the CPU returns sorted values either way; elsewhere the order is the implementation's
         a["sorted"] = True
@@ -195,9 +194,7 @@ def _weights(func, w, x: ShardTensor):
 @register(torch.histc, T.histc)
 def _histc(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "bins", "min", "max"), {"bins": 100, "min": 0, "max": 0})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     lo, hi = float(a["min"]), float(a["max"])
     if lo == hi and x._spec.global_shape.numel() > 0:
         glo, ghi = _global_range(x)
@@ -242,9 +239,7 @@ def _histogram(func, args, kwargs):
 @register(torch.bincount, T.bincount)
 def _bincount(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "weights", "minlength"), {"minlength": 0})
-    x = a["input"]
-    if not isinstance(x, ShardTensor):
-        raise refuse(func, "the input must be the ShardTensor")
+    x = sharded_input(func, a["input"])
     if ndim(x) != 1 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     w = _weights(func, a["weights"], x)

@@ -277,16 +277,24 @@ def _select_kth(func, x: ShardTensor, d: int, keepdim: bool, pos_of):
     return replicated(v.reshape(shape), x._spec), replicated(i.reshape(shape), x._spec)
 
 
-@register(torch.kthvalue, T.kthvalue)
-def _kthvalue(func, args, kwargs):
-    a = bind(func, args, kwargs, ("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False})
-    x = _sortable(func, a["input"])
-    d = dim_of(func, x, a["dim"])
-    keepdim = bool(a["keepdim"])
+def _without_ranking(func, args, kwargs, x: ShardTensor, d: int, keepdim: bool):
+    """The result of a selection along ``d`` that needs no ranking across ranks (``None`` when it does):
+    along another dim than the points (local), or on a trivially sharded tensor (the whole op)."""
     if d != x._spec.dim:
         return along_other_dim(func, args, kwargs, x, d, drops_dim=not keepdim)
     if _trivial(x, d):
         return _whole(func, args, kwargs, x)
+    return None
+
+
+@register(torch.kthvalue, T.kthvalue)
+def _kthvalue(func, args, kwargs):
+    a = bind(func, args, kwargs, ("input", "k", "dim", "keepdim"), {"dim": -1, "keepdim": False})
+    x, keepdim = _sortable(func, a["input"]), bool(a["keepdim"])
+    d = dim_of(func, x, a["dim"])
+    done = _without_ranking(func, args, kwargs, x, d, keepdim)
+    if done is not None:
+        return done
     k, n = int(a["k"]), x._spec.num_global
     if not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {d} (k = {k}, size {n})")
@@ -317,13 +325,11 @@ def _median(func, args, kwargs):
         v, _ = _select_kth(func, flat, 0, False, _median_pos(0, ignore_nan))
         return replicated(_evenly(flat, v), x._spec)
     a = bind(func, args, kwargs, ("input", "dim", "keepdim"), {"keepdim": False})
-    x = _sortable(func, a["input"])
+    x, keepdim = _sortable(func, a["input"]), bool(a["keepdim"])
     d = dim_of(func, x, a["dim"])
-    keepdim = bool(a["keepdim"])
-    if d != x._spec.dim:
-        return along_other_dim(func, args, kwargs, x, d, drops_dim=not keepdim)
-    if _trivial(x, d):
-        return _whole(func, args, kwargs, x)
+    done = _without_ranking(func, args, kwargs, x, d, keepdim)
+    if done is not None:
+        return done
     v, i = _select_kth(func, x, d, keepdim, _median_pos(d, ignore_nan))
     return (torch.return_types.nanmedian if ignore_nan else torch.return_types.median)((v, i))
 
@@ -348,6 +354,63 @@ def _evenly(x: ShardTensor, m: torch.Tensor) -> torch.Tensor:
 _INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
 
 
+def _quantile_local(func, args, kwargs, x: ShardTensor, q, d: int, keepdim: bool, interpolation: str):
+    """``quantile`` along a dim that is not sharded: torch's op on the local shard."""
+    spec = x._spec
+    if len(shard_args(args, kwargs)) != 1:
+        raise refuse(func, "only the first operand may be a ShardTensor")
+    sd = spec.dim - (d < spec.dim and not keepdim) + (isinstance(q, torch.Tensor) and q.dim() == 1)
+    local = x.to_local()
+    if local.numel() == 0 and spec.global_shape.numel():  # torch refuses an empty input: no rows here
+        shape = list(local.shape)
+        shape[spec.dim] = 1
+        probe = torch.zeros(shape, dtype=local.dtype, device=local.device)
+        with no_subclass():
+            out = func(probe, q, d, keepdim, interpolation=interpolation)
+        return wrap(out.narrow(sd, 0, 0) + local.sum() * 0, spec, sd)
+    with no_subclass():
+        out = func(*args, **kwargs)
+    return wrap(out, spec, sd)
+
+
+def _quantile_q(name: str, x: ShardTensor, q, interpolation: str) -> torch.Tensor:
+    """torch's checks of a sharded quantile's arguments (from global metadata and the replicated ``q``);
+    ``q`` as a tensor of the input's dtype."""
+    dtype = x.dtype
+    if dtype not in (torch.float32, torch.float64):
+        raise RuntimeError(f"{name}() input tensor must be either float or double dtype")
+    if x._spec.global_shape.numel() == 0:
+        raise RuntimeError(f"{name}() input tensor must be non-empty")
+    if interpolation not in _INTERPOLATIONS:
+        raise RuntimeError(f"{name}() interpolation must be one of linear, lower, higher, midpoint or nearest. "
+                           f"Found '{interpolation}'")
+    q_t = q if isinstance(q, torch.Tensor) else torch.tensor(q, dtype=dtype)
+    if q_t.dim() > 1:
+        raise RuntimeError(f"{name}() q must be a scalar or 1D tensor")
+    if q_t.dtype != dtype:
+        raise RuntimeError(f"{name}() q tensor must be same dtype as the input tensor")
+    if bool(((q_t < 0) | (q_t > 1)).any()):
+        raise RuntimeError(f"{name}() q values must be in the range [0, 1]")
+    return q_t
+
+
+def _quantile_ranks(name: str, qv: torch.Tensor, n: int, nan: torch.Tensor, interpolation: str) -> torch.Tensor:
+    """The (fractional) sorted positions of the quantiles, as torch computes them (NaNs sort last)."""
+    if name == "nanquantile":
+        ranks = qv * (n - nan - 1)
+        ranks = torch.where(ranks < 0, torch.zeros_like(ranks), ranks)
+    else:
+        ranks = (qv * (n - 1)).expand(qv.shape[0], nan.shape[0])
+        ranks = torch.where(nan > 0, torch.full_like(ranks, n - 1), ranks)
+    if interpolation == "lower":
+        return ranks.floor()
+    if interpolation == "higher":
+        return ranks.ceil()
+    if interpolation == "nearest":
+        return ranks.round()
+    return ranks
+
+
 @register(torch.quantile, T.quantile, torch.nanquantile, T.nanquantile)
 def _quantile(func, args, kwargs):
     a = bind(func, args, kwargs, ("input", "q", "dim", "keepdim"), {"keepdim": False},
@@ -361,54 +424,17 @@ def _quantile(func, args, kwargs):
     spec = x._spec
     d = None if a["dim"] is None else dim_of(func, x, a["dim"])
     if d is not None and d != spec.dim:  # local; a 1-d q prepends a dim
-        if len(shard_args(args, kwargs)) != 1:
-            raise refuse(func, "only the first operand may be a ShardTensor")
-        sd = spec.dim - (d < spec.dim and not keepdim) + (isinstance(q, torch.Tensor) and q.dim() == 1)
-        local = x.to_local()
-        if local.numel() == 0 and spec.global_shape.numel():  # torch refuses an empty input: no rows here
-            shape = list(local.shape)
-            shape[spec.dim] = 1
-            probe = torch.zeros(shape, dtype=local.dtype, device=local.device)
-            with no_subclass():
-                out = func(probe, q, d, keepdim, interpolation=interpolation)
-            return wrap(out.narrow(sd, 0, 0) + local.sum() * 0, spec, sd)
-        with no_subclass():
-            out = func(*args, **kwargs)
-        return wrap(out, spec, sd)
+        return _quantile_local(func, args, kwargs, x, q, d, keepdim, interpolation)
     if _trivial(x, spec.dim):
         return _whole(func, args, kwargs, x)
     dtype = x.dtype
-    if dtype not in (torch.float32, torch.float64):
-        raise RuntimeError(f"{name}() input tensor must be either float or double dtype")
-    if spec.global_shape.numel() == 0:
-        raise RuntimeError(f"{name}() input tensor must be non-empty")
-    if interpolation not in _INTERPOLATIONS:
-        raise RuntimeError(f"{name}() interpolation must be one of linear, lower, higher, midpoint or nearest. "
-                           f"Found '{interpolation}'")
-    q_t = q if isinstance(q, torch.Tensor) else torch.tensor(q, dtype=dtype)
-    if q_t.dim() > 1:
-        raise RuntimeError(f"{name}() q must be a scalar or 1D tensor")
-    if q_t.dtype != dtype:
-        raise RuntimeError(f"{name}() q tensor must be same dtype as the input tensor")
-    if bool(((q_t < 0) | (q_t > 1)).any()):
-        raise RuntimeError(f"{name}() q values must be in the range [0, 1]")
+    q_t = _quantile_q(name, x, q, interpolation)
     src, sd = (x.reshape(-1), 0) if d is None else (x, d)
     ranked = sort_positions(src, sd, False, func)
     n = src._spec.num_global
     nan = _nan_counts(src, sd).to(dtype)
     qv = q_t.reshape(-1, 1).to(dtype)
-    if name == "nanquantile":
-        ranks = qv * (n - nan - 1)
-        ranks = torch.where(ranks < 0, torch.zeros_like(ranks), ranks)
-    else:
-        ranks = (qv * (n - 1)).expand(qv.shape[0], nan.shape[0])
-        ranks = torch.where(nan > 0, torch.full_like(ranks, n - 1), ranks)
-    if interpolation == "lower":
-        ranks = ranks.floor()
-    elif interpolation == "higher":
-        ranks = ranks.ceil()
-    elif interpolation == "nearest":
-        ranks = ranks.round()
+    ranks = _quantile_ranks(name, qv, n, nan, interpolation)
     below = ranks.to(torch.long)
     out, _ = _pick_sorted(src, sd, ranked, below)
     if interpolation in ("linear", "midpoint"):
@@ -430,10 +456,9 @@ def _topk(func, args, kwargs):
              {"dim": -1, "largest": True, "sorted": True})
     x = _sortable(func, a["input"])
     d = dim_of(func, x, a["dim"])
-    if d != x._spec.dim:
-        return along_other_dim(func, args, kwargs, x, d)
-    if _trivial(x, d):
-        return _whole(func, args, kwargs, x)
+    done = _without_ranking(func, args, kwargs, x, d, keepdim=True)  # topk keeps the dim
+    if done is not None:
+        return done
     spec, k, largest = x._spec, int(a["k"]), bool(a["largest"])
     if not 0 <= k <= spec.num_global:
         raise RuntimeError(f"{op_name(func)}: selected index k out of range (k = {k}, size {spec.num_global})")

@@ -118,6 +118,29 @@ def test_losses_match_single_process(world_size):
         assert res["relative_l2_mean"][2] == {"all_reduce": 1}
 
 
+def test_l1_weight_reaches_torch_function():
+    """F.l1_loss's ``weight`` arrives in ``__torch_function__``'s kwargs (torch 2.13 drops it; _loss forwards it)."""
+    import meshshard.tensor._rules._loss  # noqa: F401  (installs the forwarding when torch needs it)
+
+    class Seen(torch.Tensor):
+        kwargs: dict = {}
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is F.l1_loss:
+                cls.kwargs = dict(kwargs or {})
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+
+    x, y = (t.as_subclass(Seen) for t in _xy())
+    w = torch.rand(N, C, dtype=torch.float64)
+    out = F.l1_loss(x, y, weight=w)
+    assert Seen.kwargs["weight"] is w
+    assert torch.equal(out.as_subclass(torch.Tensor), ((x - y).abs() * w).sum() / w.sum())
+    F.l1_loss(x, y)
+    assert Seen.kwargs.get("weight") is None
+
+
 def _bad(kind):
     mesh = ms.init_mesh()
     x = ms.ShardTensor.from_local(torch.randn(4, 3), mesh, sizes=[3, 3], dim=1)
