@@ -4,8 +4,7 @@ Compiled equals eager (float64, 1e-10: output, input and parameter gradients) on
 shards and an empty rank; one forward and one backward graph (no break), nothing compiled on a second
 step with the same sizes, and the collectives in the compiled graphs equal the eager step's
 (``CommCounter``): the input-kind agreement, one halo exchange per block forward and backward. The halo
-routing (``send_index``, ``edge_index``) enters the graph as tensors, its counts as constants. Inputs
-whose kinds differ across ranks raise one clear error on every rank.
+routing (``send_index``, ``edge_index``) enters the graph as tensors, its counts as constants.
 """
 
 from __future__ import annotations
