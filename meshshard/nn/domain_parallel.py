@@ -35,7 +35,7 @@ from torch_geometric.nn import GCNConv, MessagePassing
 from .. import comm
 from ..errors import ShardingError, UnsupportedOpError
 from ..ops.graph import ShardedGraph
-from ..tensor import ReplicatedTensor, ShardTensor, inspected_by_compiler, local_of
+from ..tensor import ReplicatedTensor, ShardTensor, inspected_by_compiler, local_of, plain_alias, tracing
 
 __all__ = ["DomainParallel"]
 
@@ -120,6 +120,7 @@ class DomainParallel(torch.nn.Module):
             )
         self.model = model
         self.graph = graph
+        self._flag_device = _flag_device(graph)
         self.global_degree = tuple(global_degree)
         self._calls = 0
         self._handles = []
@@ -133,6 +134,7 @@ class DomainParallel(torch.nn.Module):
         if not isinstance(graph, ShardedGraph):
             raise TypeError(f"graph must be a meshshard.ops.ShardedGraph (got {type(graph).__name__})")
         self.graph = graph
+        self._flag_device = _flag_device(graph)
 
     def remove(self) -> None:
         """Detach the hooks: the model runs single-process again."""
@@ -175,12 +177,21 @@ class DomainParallel(torch.nn.Module):
 
     def _model_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Classify the model's arguments (agreed across ranks) and wrap them (see the class doc)."""
-        g = self.graph
         try:
             bound = inspect.signature(self.model.forward).bind(*args, **kwargs)
             items = list(bound.arguments.items())
         except TypeError:  # the model itself will say what is wrong with the call
             bound, items = None, [("", (args, kwargs))]
+        kinds = self._input_kinds(self._plain_inputs(items))
+        convert = self._converter(items, kinds)
+        if bound is None:
+            return _map_tensors(args, convert), _map_tensors(kwargs, convert)
+        for name, value in items:
+            bound.arguments[name] = _map_tensors(value, convert)
+        return bound.args, bound.kwargs
+
+    def _plain_inputs(self, items: list[tuple[str, Any]]) -> list[tuple[str, torch.Tensor]]:
+        """The plain tensor arguments to classify, by name (ShardTensor arguments are checked here)."""
         plain: list[tuple[str, torch.Tensor]] = []
 
         def collect(name: str):
@@ -195,43 +206,45 @@ class DomainParallel(torch.nn.Module):
 
         for name, value in items:
             _map_tensors(value, collect(name))
-        verdict = self._agree_kinds([t for _, t in plain])
+        return plain
+
+    def _input_kinds(self, plain: list[tuple[str, torch.Tensor]]) -> dict[int, str]:
+        """``{id(t): "node" | "edge" | "index"}`` for the plain inputs, from the verdict agreed by all ranks."""
+        if tracing():
+            return self._traced_kinds(plain)
         kinds = {}
-        for (name, t), (node, edge, is_edges) in zip(plain, verdict):
+        for (name, t), (node, edge, is_edges) in zip(plain, self._agree_kinds([t for _, t in plain])):
             if is_edges:
                 kinds[id(t)] = "index"
             elif node and (not edge or not name.startswith("edge")):
                 kinds[id(t)] = "node"
             elif edge:
                 kinds[id(t)] = "edge"
-        k_hop = g.hops > 1
-        node_inputs: list[torch.Tensor] = []
+        return kinds
 
-        def first_pass(t: torch.Tensor) -> torch.Tensor:
-            kind = "node" if isinstance(t, ShardTensor) else kinds.get(id(t))
-            if kind == "node" and k_hop:
-                node_inputs.append(local_of(t))
-            return t
+    def _traced_kinds(self, plain: list[tuple[str, torch.Tensor]]) -> dict[int, str]:
+        """Traced (``torch.compile``): the kinds decided on this rank, checked in the graph to be every rank's.
 
-        for _, value in items:
-            _map_tensors(value, first_pass)
-        extended = iter(_fused_exchange(g, node_inputs)) if node_inputs else iter(())
-
-        def convert(t: torch.Tensor) -> torch.Tensor:
-            kind = "node" if isinstance(t, ShardTensor) else kinds.get(id(t))
-            if kind == "node" and k_hop:
-                return _RowLocal.make(next(extended), "node")
-            if kind == "node":
-                return t if isinstance(t, ShardTensor) else g.wrap(t)
-            if kind in ("edge", "index"):
-                return _RowLocal.make(t, kind)
-            return t
-
-        if bound is None:
-            return _map_tensors(args, convert), _map_tensors(kwargs, convert)
-        for name, value in items:
-            bound.arguments[name] = _map_tensors(value, convert)
-        return bound.args, bound.kwargs
+        The graph cannot branch on a collective's result, so each rank decides from its own rows:
+        ``graph.edge_index`` itself is the index; ``N_local`` rows a node tensor, ``E_local`` rows an
+        edge tensor, both (an empty rank, or equal counts) by the name (``edge_*``: edge tensor). One
+        ``all_reduce`` in the graph (the one eager runs) compares the ranks' kinds; where they differ,
+        every rank raises the same error at run time. Where they agree they are eager's verdict.
+        """
+        if not plain:
+            return {}
+        g = self.graph
+        codes = []
+        for name, t in plain:
+            node, edge = t.shape[0] == g.num_owned, t.shape[0] == g.num_edges
+            if t is g.edge_index:
+                codes.append(3)
+            elif node and edge:
+                codes.append(2 if name.startswith("edge") else 1)
+            else:
+                codes.append(1 if node else 2 if edge else 0)
+        _check_agreed(codes, [name for name, _ in plain], g.spec.as_traced().group, self._flag_device)
+        return {id(t): _KIND_CODES[c] for (_, t), c in zip(plain, codes) if c}
 
     def _agree_kinds(self, tensors: list[torch.Tensor]) -> list[tuple[bool, bool, bool]]:
         """Per plain tensor: (node rows on every rank, edge rows on every rank, graph.edge_index on every rank)."""
@@ -249,13 +262,40 @@ class DomainParallel(torch.nn.Module):
                 for t in tensors
             ],
             dtype=torch.long,
-            device=comm.group_device(g.spec.group),
+            device=self._flag_device,
         )
         agreed = comm.all_reduce_min(flags, g.spec.group).cpu()
         return [tuple(bool(v) for v in row) for row in agreed.tolist()]
 
+    def _converter(self, items: list[tuple[str, Any]], kinds: dict[int, str]) -> Callable[[torch.Tensor], Any]:
+        """What each input becomes: node ShardTensors (k-hop: exchanged node guards, one fused exchange),
+        edge and index guards."""
+        g = self.graph
+        k_hop = g.hops > 1
+        node_inputs: list[torch.Tensor] = []
+
+        def kind_of(t: torch.Tensor) -> str | None:
+            return "node" if isinstance(t, ShardTensor) else kinds.get(id(t))
+
+        if k_hop:
+            for _, value in items:
+                _map_tensors(value, lambda t: node_inputs.append(local_of(t)) if kind_of(t) == "node" else None)
+        extended = iter(_fused_exchange(g, node_inputs)) if node_inputs else iter(())
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            kind = kind_of(t)
+            if kind == "node" and k_hop:
+                return _RowLocal.make(next(extended), "node")
+            if kind == "node":
+                return t if isinstance(t, ShardTensor) else g.wrap(t)
+            if kind in ("edge", "index"):
+                return _RowLocal.make(t, kind)
+            return t
+
+        return convert
+
     def _check_node_spec(self, t: ShardTensor, where: str) -> None:
-        spec = self.graph.spec
+        spec = self.graph.spec.as_traced()
         if t.spec.dim != 0 or not t.spec.same_sharding(spec):
             raise ShardingError(
                 f"DomainParallel: {where} is a ShardTensor sharded along dim {t.spec.dim} with sizes "
@@ -356,15 +396,16 @@ class DomainParallel(torch.nn.Module):
                 "its first element) must be a node tensor"
             )
         if gather:
-            lo, hi = g.spec.offsets[g.spec.rank], g.spec.offsets[g.spec.rank + 1]
-            rows = (g.spec.num_global, lo, hi)
+            spec = g.spec.as_traced()
+            lo, hi = spec.offsets[spec.rank], spec.offsets[spec.rank + 1]
+            rows = (spec.num_global, lo, hi)
         elif g.hops > 1:
             rows = (g.num_nodes, 0, g.num_nodes)
         else:
             rows = (g.num_nodes, 0, g.num_owned) if first.shape[0] == g.num_nodes else (g.num_owned, 0, g.num_owned)
         if first.dim() == 0 or first.shape[0] != rows[0]:
             raise ShardingError(
-                f"[rank {g.spec.rank}] DomainParallel: {name} returned {tuple(first.shape[:1])} rows; expected "
+                f"[rank {g.plan.rank}] DomainParallel: {name} returned {tuple(first.shape[:1])} rows; expected "
                 f"one per node of its input ({rows[0]})"
             )
         node = first[rows[1] : rows[2]]
@@ -417,6 +458,29 @@ class DomainParallel(torch.nn.Module):
         return bound.args, bound.kwargs
 
 
+def _flag_device(graph: ShardedGraph) -> torch.device:
+    """Where the input-kind flags are agreed (looked up outside traced code: dynamo cannot query a group)."""
+    return comm.group_device(graph.spec.group) if graph.spec is not None else torch.device("cpu")
+
+
+_KIND_CODES = {1: "node", 2: "edge", 3: "index"}
+
+
+def _check_agreed(codes: list[int], names: list[str], group, device: torch.device) -> None:
+    """Traced: every rank decided the same input kinds ``codes``, checked in the graph (one ``all_reduce`` of
+    ``(min, -max)``); where they differ, every rank raises at run time (all see the same agreed values)."""
+    mine = torch.tensor(codes, dtype=torch.long, device=device)
+    both = comm.all_reduce_min(torch.stack([mine, -mine], 1), group)
+    torch._assert_async(
+        (both[:, 0] == -both[:, 1]).all(),
+        f"DomainParallel (compiled): the plain inputs {names} are not of one kind (node rows, edge rows, "
+        "graph.edge_index) on every rank; compiled, each rank decides from its own rows and the name: a tensor "
+        "with as many rows as nodes and edges on a rank (an empty rank) is an edge tensor only when its name "
+        "starts with 'edge'. Pass node tensors as ShardTensors, name edge tensors edge_*, pass graph.edge_index "
+        "itself",
+    )
+
+
 def _top_message_passing(model: torch.nn.Module) -> list[MessagePassing]:
     """``MessagePassing`` submodules not inside another one (the model itself included)."""
     found: list[MessagePassing] = []
@@ -465,8 +529,8 @@ def _put(bound: inspect.BoundArguments, arg: str, pos: int | None, new: torch.Te
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
-    with _no_subclass():
-        return t.as_subclass(torch.Tensor)
+    """``t`` as a plain tensor alias (traced: ``view_as``, since dynamo cannot trace ``as_subclass(Tensor)``)."""
+    return plain_alias(t)
 
 
 # -- the guard on per-rank rows that are no sharding ------------------------------------------------

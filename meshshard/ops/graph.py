@@ -30,7 +30,7 @@ from .._records import Record
 from .._sizes import offsets_of, ring_bytes
 from ..halo import HaloPlan, check_coordinates
 from ..partition import MeshPartition, Partition
-from ..tensor import ShardSpec, ShardTensor, local_of
+from ..tensor import ShardSpec, ShardTensor, local_of, tracing, wrap_shard
 from .neighbors import Neighbors
 
 __all__ = ["ShardedGraph", "ShardedEdges", "cells_to_edges", "shard_edges", "simulate_graph_halo", "GraphHaloReport"]
@@ -171,6 +171,8 @@ class ShardedGraph:
         """Owned per-node rows as a ShardTensor sharded like the nodes (plain tensor single-process)."""
         if self.spec is None:
             return local
+        if tracing():  # the nodes' spec moved to this tensor's shape, from constants (no mesh lookup traced)
+            return wrap_shard(local, self.spec.as_traced().moved(0, local.shape))
         return ShardTensor.from_local(
             local, self.spec.mesh, sizes=self.spec.sizes, mesh_dim=self.spec.mesh_dim, validate=False
         )

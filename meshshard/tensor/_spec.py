@@ -105,6 +105,13 @@ class ShardSpec:
         dim, mesh_dim, sizes, shape, nodes = parse_key(self._key)
         return ShardSpec(self.mesh, mesh_dim, dim, sizes, torch.Size(shape), self.mesh_id, nodes, _axis=self._axis)
 
+    def as_traced(self) -> ShardSpec:
+        """This spec; in traced code, its :meth:`static_copy` (for a spec held by a module or a graph, not by
+        a tensor argument: its ints are then constants guarded by one string, never symbols)."""
+        if tracing() and self._key is not None:
+            return self.static_copy()
+        return self
+
     def local_length(self) -> int:
         return self.sizes[self.rank]
 

@@ -173,7 +173,7 @@ class ShardTensor(torch.Tensor):
     # -- conversions ------------------------------------------------------------------------
     def to_local(self) -> torch.Tensor:
         """This rank's shard as a plain tensor (a differentiable alias, no copy)."""
-        return _plain_alias(self)
+        return plain_alias(self)
 
     def full_tensor(self) -> ReplicatedTensor:
         """The whole tensor on every rank (differentiable).
@@ -281,7 +281,7 @@ def _spec_of(x: ShardTensor) -> ShardSpec:
 def _static_input(a):
     if isinstance(a, ShardTensor):
         if a._spec._key is not None:
-            return wrap_shard(_plain_alias(a), a._spec.static_copy())
+            return wrap_shard(plain_alias(a), a._spec.static_copy())
         return a
     if isinstance(a, (list, tuple)) and not hasattr(a, "n_fields"):
         for b in a:
@@ -299,7 +299,7 @@ def _static_inputs(args: tuple, kwargs: dict | None):
     return args, kwargs
 
 
-def _plain_alias(t: torch.Tensor) -> torch.Tensor:
+def plain_alias(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a plain tensor sharing its storage and autograd history.
 
     Eager: ``as_subclass(Tensor)``. Traced by dynamo (which cannot trace ``as_subclass`` to a
@@ -452,7 +452,7 @@ class ReplicatedTensor(torch.Tensor):
 
     def to_plain(self) -> torch.Tensor:
         """A plain-tensor alias (its ``backward()`` seeds 1, not ``1 / P``)."""
-        return _plain_alias(self)
+        return plain_alias(self)
 
 
 def _first_replicated(args, kwargs) -> ReplicatedTensor | None:
