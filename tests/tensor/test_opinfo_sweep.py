@@ -17,8 +17,10 @@ Anything else (a wrong value, another exception, ranks that disagree) fails the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -254,7 +256,57 @@ def _trace(what: str) -> None:
         Path(folder, f"rank{dist.get_rank()}").write_text(what)
 
 
+def _seed_cpu(seed=None) -> None:
+    """OpInfo's ``set_rng_seed`` for CPU samples: the CPU generator, ``random`` and numpy, seeded alike.
+
+    ``torch.manual_seed`` also queues a lazy seed for every accelerator backend, and each queued call
+    formats the whole call stack (``traceback.format_stack``): milliseconds per sample in a pool worker,
+    a third of the sweep's time. The sweep draws every sample on the CPU, so those seeds never reach it.
+    """
+    from torch.testing._internal import common_utils
+
+    seed = common_utils.SEED if seed is None else seed
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    if common_utils.TEST_NUMPY:
+        import numpy
+
+        numpy.random.seed(seed)
+
+
+@contextlib.contextmanager
+def _lean_opinfo():
+    """``op.sample_inputs("cpu", ...)`` without two costs that change no sample (about half the sweep's time).
+
+    * ``extract_test_fn`` (twice per op, ``inspect.stack()``, a fraction of a second each) looks for a
+      calling ``unittest.TestCase`` to take its seed and sample skips from. The sweep runs in pool workers,
+      where there is none: checked first with the real scan, so the seed stays OpInfo's fixed ``SEED``.
+    * ``set_rng_seed`` before every sample: :func:`_seed_cpu` seeds the generators a CPU sample draws from.
+    """
+    from torch.testing._internal import common_utils
+    from torch.testing._internal.opinfo import core
+
+    assert common_utils.extract_test_fn() is None, "the sweep is called from a unittest.TestCase"
+    saved = common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed
+    common_utils.extract_test_fn = core.extract_test_fn = lambda: None
+    common_utils.set_rng_seed = _seed_cpu
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn, core.extract_test_fn, common_utils.set_rng_seed = saved
+
+
+def _sweep_chunk(i: int) -> dict:
+    """:func:`_sweep` of chunk ``i``, its names computed on the rank: the test process never imports op_db."""
+    return _sweep(_chunk(i))
+
+
 def _sweep(names: list[str]) -> dict:
+    with _lean_opinfo():
+        return _sweep_ops(names)
+
+
+def _sweep_ops(names: list[str]) -> dict:
     mesh = ms.init_mesh()
     ops = _op_db()
     results = {}
@@ -305,7 +357,7 @@ _RESULTS: dict = {}
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_every_op_is_exact_or_raises_on_every_rank(chunk):
-    per_rank = run_distributed(_sweep, WORLD, _chunk(chunk), timeout=600)
+    per_rank = run_distributed(_sweep_chunk, WORLD, chunk, timeout=600)
     assert all(r == per_rank[0] for r in per_rank[1:]), "ranks recorded different verdicts"
     results = per_rank[0]
     _RESULTS.update(results)
@@ -358,7 +410,7 @@ def write_docs(results: dict, path: Path) -> None:
 if __name__ == "__main__":
     allres: dict = {}
     for i in range(CHUNKS):
-        allres.update(run_distributed(_sweep, WORLD, _chunk(i), timeout=600)[0])
+        allres.update(run_distributed(_sweep_chunk, WORLD, i, timeout=600)[0])
     root = Path(__file__).resolve().parents[2]
     write_docs(allres, root / "docs" / "op_coverage.md")
     (root / "docs" / "op_coverage.json").write_text(json.dumps(summarise(allres), indent=1, sort_keys=True))
