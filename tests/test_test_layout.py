@@ -33,6 +33,7 @@ CROSS_CUTTING = {
     "tensor/rules/test_adaptive.py": "adaptive pools of tensor/_rules/_grid.py (test_grid.py holds the other grid ops)",
     "test_boundary.py": "the library/applications boundary: no exit outside meshshard/cli, errors are Exceptions",
     "test_doctests.py": "runs every >>> example in the package's docstrings",
+    "nn/test_compile_graph.py": "torch.compile of the graph path across modules: nn/domain_parallel.py, ops/graph.py",
 }
 
 #: Modules (relative to ``meshshard/``) without a test file of their own, and the tests that cover them.
