@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import math
 import os
 import sys
 import weakref
@@ -135,30 +136,53 @@ def init_mesh(
         notices. Either way the error is a :class:`~meshshard.errors.CollectiveError` that names
         the failing rank and the operation (see :mod:`meshshard.faults`).
     """
-    if shape is not None and not isinstance(shape, (int, tuple, list)) or isinstance(shape, bool):
-        raise TypeError(f"shape must be None, an int P or a tuple (dp, domain) (got {type(shape).__name__})")
-    if isinstance(shape, (tuple, list)) and not all(hasattr(s, "__index__") and not isinstance(s, bool) for s in shape):
-        raise TypeError(f"shape must hold ints (got {shape!r})")
+    _check_shape_type(shape)
     if backend is not None and backend not in ("gloo", "nccl", "mpi", "ucc", "xccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
     if timeout is None and not dist.is_initialized():
-        raw = os.environ.get("MESHSHARD_TIMEOUT", str(DEFAULT_TIMEOUT_S))
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise ValueError(f"MESHSHARD_TIMEOUT must be a number of seconds (got {raw!r})") from None
+        timeout = _env_timeout()
     if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds (got {type(timeout).__name__})")
-        if not (timeout > 0 and timeout < float("inf")):
-            raise ValueError(f"timeout must be positive and finite (got {timeout})")
+        _check_timeout(timeout)
     if not dist.is_initialized():
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-    world = dist.get_world_size()
+    shape = _mesh_shape(shape, dist.get_world_size())
+    names = ("domain",) if len(shape) == 1 else ("dp", "domain")
+    mesh = init_device_mesh(mesh_device_type(), shape, mesh_dim_names=names)
+    _remember(mesh)
+    return mesh
+
+
+def _check_shape_type(shape: object) -> None:
+    """``shape`` is ``None``, an int or a sequence of ints (``bool`` refused), else a ``TypeError``."""
+    if shape is not None and not isinstance(shape, (int, tuple, list)) or isinstance(shape, bool):
+        raise TypeError(f"shape must be None, an int P or a tuple (dp, domain) (got {type(shape).__name__})")
+    if isinstance(shape, (tuple, list)) and not all(hasattr(s, "__index__") and not isinstance(s, bool) for s in shape):
+        raise TypeError(f"shape must hold ints (got {shape!r})")
+
+
+def _env_timeout() -> float:
+    """The process-group timeout from ``MESHSHARD_TIMEOUT`` (seconds), or the default."""
+    raw = os.environ.get("MESHSHARD_TIMEOUT", str(DEFAULT_TIMEOUT_S))
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"MESHSHARD_TIMEOUT must be a number of seconds (got {raw!r})") from None
+
+
+def _check_timeout(timeout: object) -> None:
+    """``timeout`` is a positive finite number of seconds, else a ``TypeError``/``ValueError``."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds (got {type(timeout).__name__})")
+    if not (timeout > 0 and timeout < float("inf")):
+        raise ValueError(f"timeout must be positive and finite (got {timeout})")
+
+
+def _mesh_shape(shape: int | tuple[int, ...] | list[int] | None, world: int) -> tuple[int, ...]:
+    """``shape`` as a 1-D or 2-D tuple of positive ints whose product is ``world``."""
     if shape is None:
         shape = (world,)
     elif isinstance(shape, int):
@@ -166,9 +190,7 @@ def init_mesh(
     shape = tuple(int(s) for s in shape)
     if len(shape) not in (1, 2) or any(s < 1 for s in shape):
         raise ValueError(f"shape must be P or (dp, domain) with positive entries (got {shape})")
-    if int(torch.tensor(shape).prod()) != world:
-        raise ValueError(f"mesh shape {shape} has {int(torch.tensor(shape).prod())} ranks but the world has {world}")
-    names = ("domain",) if len(shape) == 1 else ("dp", "domain")
-    mesh = init_device_mesh(mesh_device_type(), shape, mesh_dim_names=names)
-    _remember(mesh)
-    return mesh
+    ranks = math.prod(shape)
+    if ranks != world:
+        raise ValueError(f"mesh shape {shape} has {ranks} ranks but the world has {world}")
+    return shape
