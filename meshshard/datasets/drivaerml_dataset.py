@@ -12,6 +12,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from .._checks import check_positive_int
+from .._sizes import offsets_of
 from ._preprocess import load_meta
 from ._store import NpyHeader, live_dir, read_npy_header, read_rows
 
@@ -236,7 +237,7 @@ class DrivaerMLDataset(torch.utils.data.Dataset):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
         run = self.runs[index]
         sizes = self.sizes(index)
-        start = sum(sizes[: self.rank])
+        start = offsets_of(sizes)[self.rank]
         stop = start + sizes[self.rank]
         folder = live_dir(self.store / "runs" / f"run_{run}") / self.kind / self._order
         names = list(self.fields) + (["perm"] if self.return_index else [])

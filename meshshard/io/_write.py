@@ -386,7 +386,7 @@ def write_local_partition(
             global_ids = np.arange(n, dtype=np.int64) + int(spec.offsets[rank])
         else:  # plain tensors under a process group: offsets from everyone's size
             sizes = comm.all_gather_object(n, group)
-            global_ids = np.arange(n, dtype=np.int64) + int(sum(sizes[:rank]))
+            global_ids = np.arange(n, dtype=np.int64) + offsets_of(sizes)[rank]
     if error is None:
         try:
             piece = _local_piece(points, rank, fields, global_ids, ghost_points, ghost_fields,

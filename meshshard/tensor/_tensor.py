@@ -635,7 +635,7 @@ def scatter(
         )
     if sum(sizes) != n:
         raise ValueError(f"the partition covers {sum(sizes)} points but global_tensor has {n} along dim {dim}")
-    start = sum(sizes[:rank])
+    start = offsets_of(sizes)[rank]
     if perm is not None and (not isinstance(perm, torch.Tensor) or perm.numel() != n):
         raise ValueError(f"partition.perm must be a tensor of {n} indices (got {getattr(perm, 'shape', perm)})")
     if perm is None:
