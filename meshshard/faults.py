@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._op_names import op_name
 from .errors import CollectiveError
 
 __all__ = [
@@ -208,7 +209,7 @@ def _context() -> str:
         if op is None and code in _OP_ENTRIES:
             func = frame.f_locals.get("func")
             if func is not None:
-                op = _op_name(func)
+                op = op_name(func)
         elif layer is None and code.co_name == "forward" and isinstance(frame.f_locals.get("self"), torch.nn.Module):
             layer = f"{type(frame.f_locals['self']).__name__}.forward"
         elif (
@@ -220,15 +221,6 @@ def _context() -> str:
         frame = frame.f_back
     parts = [f"in {p}" for p in (op, caller, layer) if p]
     return f" ({', '.join(parts)})" if parts else ""
-
-
-def _op_name(func: Any) -> str:
-    try:
-        from torch.overrides import resolve_name
-
-        return resolve_name(func) or getattr(func, "__name__", repr(func))
-    except Exception:
-        return getattr(func, "__name__", repr(func))
 
 
 def _read(store: Any, key: str) -> str | None:

@@ -161,17 +161,15 @@ def part_sizes(num_points: int, parts: int) -> list[int]:
     it (see :func:`meshshard.partition._rcb.nearest_boundaries`), with the same float64 targets
     (:func:`meshshard.partition._rcb.cum_fractions`).
     """
-    from .partition import cum_fractions
+    from .partition import cum_fractions, monotone_cuts
 
     parts = check_positive_int(parts, "parts")
     if isinstance(num_points, bool) or not isinstance(num_points, int) or num_points < 0:
         raise ValueError(f"num_points must be a non-negative int (got {num_points!r})")
     t = float(num_points) * cum_fractions(parts)
     k = t.floor()
-    k = torch.where(t - k > 0.5, k + 1, k).to(torch.long)
-    k[0], k[-1] = 0, num_points
-    k = torch.cummax(k, 0).values
-    return k.diff().tolist()
+    k = torch.where(t - k > 0.5, k + 1, k).to(torch.long)  # nearest_boundaries of the unit prefix 0, 1, ..., N
+    return monotone_cuts(k, num_points).diff().tolist()
 
 
 @dataclass(frozen=True)

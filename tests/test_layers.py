@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "meshshard._keyed_random": 0,  # counter-based random numbers
     "meshshard._records": 0,  # frozen report records with dict-style access (standard library only)
     "meshshard._lazy": 0,  # the packages' PEP 562 lazy names (standard library only)
+    "meshshard._op_names": 0,  # an op's readable name for error messages (torch only)
     "meshshard.partition": 1,  # geometry
     "meshshard.kernels": 2,  # local neighbour kernels
     "meshshard.comm": 3,

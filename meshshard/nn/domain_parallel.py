@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, MessagePassing
 
 from .. import comm
+from .._op_names import op_name
 from ..errors import ShardingError, UnsupportedOpError
 from ..ops.graph import ShardedGraph
 from ..tensor import ReplicatedTensor, ShardTensor, inspected_by_compiler, local_of, plain_alias, tracing
@@ -580,14 +581,6 @@ class _RowLocal(torch.Tensor):
         return _map_tensors(out, lambda t: cls.make(t, kind) if t.dim() >= 1 else t)
 
 
-@torch._dynamo.assume_constant_result  # traced (compiled) code: a function's name is a constant
-def _op_name(func: Callable) -> str:
-    try:
-        return torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))
-    except Exception:
-        return getattr(func, "__name__", repr(func))
-
-
 def _flat(value: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     _map_tensors(value, found.append)
@@ -604,7 +597,7 @@ def _row_kind(func: Callable, args: tuple, kwargs: dict) -> str:
     flat = _flat((args, kwargs))
     guards = [t for t in flat if isinstance(t, _RowLocal)]
     kinds = sorted({t._kind for t in guards})
-    name = _op_name(func)
+    name = op_name(func)
     if any(isinstance(t, ShardTensor) for t in flat):
         raise UnsupportedOpError(
             f"DomainParallel: {name} mixes a node ShardTensor with a {_KIND_WORDS[kinds[0]]}; their rows are "

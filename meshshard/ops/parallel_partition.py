@@ -47,6 +47,7 @@ from ..partition import (
     check_method,
     cum_fractions,
     hilbert_keys,
+    monotone_cuts,
     morton_keys,
     quantize,
     quantize_weights,
@@ -232,7 +233,7 @@ def repartition_with_payload(
         ops = _RcbOps(num_points, total, group, ids, w)
         owner = rcb(local, w, cum, axis_rule=axis_rule, sharded=ops)[0]
     else:
-        owner = _curve_owner(local, ids, w, total, cum, method, offsets, group, rank, world)
+        owner = _sharded_curve_owner(local, ids, w, total, cum, method, offsets, group, rank, world)
     if payload is not None and (payload.dtype != torch.uint8 or payload.ndim != 2 or payload.shape[0] != n_local):
         raise ValueError(f"payload must be ({n_local}, B) uint8 rows (got {payload.dtype} {tuple(payload.shape)})")
     return _move(local, ids, owner, x, group, rank, world, num_parts, payload)
@@ -395,7 +396,7 @@ def _lex_order(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return order[torch.sort(keys[order], stable=True).indices]
 
 
-def _curve_owner(
+def _sharded_curve_owner(
     local: torch.Tensor,
     ids: torch.Tensor,
     w: torch.Tensor | None,
@@ -407,6 +408,7 @@ def _curve_owner(
     rank: int,
     world: int,
 ) -> torch.Tensor:
+    """Part of each local point of a Morton/Hilbert partition: the serial ``partition``'s owners, over ranks."""
     device = local.device
     n_local, dim = local.shape
     num_points = int(offsets[-1])
@@ -460,10 +462,7 @@ def _curve_owner(
         values[row, mine] = incl[pos[mine] - 1 - base_pos]
     values = comm.all_reduce_(values, group)  # one rank holds each value, the others add +0
     take_lo = (targets - values[1]) <= (values[0] - targets)
-    bounds = torch.where(take_lo, lo, hi)
-    bounds[0] = 0
-    bounds[-1] = num_points
-    bounds = torch.cummax(bounds, 0).values
+    bounds = monotone_cuts(torch.where(take_lo, lo, hi), num_points)
     positions = base_pos + torch.arange(m, device=device)
     part = (torch.searchsorted(bounds, positions, side="right") - 1).clamp_(0, cum_fractions.numel() - 2)
 

@@ -52,6 +52,7 @@ _SHARED = {
     "ghost_sets": "_ghosts",
     "ShardedOps": "_rcb",
     "cum_fractions": "_rcb",
+    "monotone_cuts": "_rcb",
     "rcb": "_rcb",
     "DEFAULT_BITS": "_sfc",
     "hilbert_keys": "_sfc",
@@ -71,7 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._mesh import MeshPartition, partition_mesh
     from ._partition import Partition
     from ._quality import ghost_counts, neighbor_radius, quality, surface_to_volume_estimate
-    from ._rcb import ShardedOps, cum_fractions, rcb  # noqa: F401
+    from ._rcb import ShardedOps, cum_fractions, monotone_cuts, rcb  # noqa: F401
     from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize  # noqa: F401
     from ._validate import check_method, quantize_weights  # noqa: F401
 

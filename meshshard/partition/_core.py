@@ -9,7 +9,7 @@ import torch
 
 from .._checks import check_positive_int
 from ._partition import Partition
-from ._rcb import cum_fractions, nearest_boundaries, rcb
+from ._rcb import cum_fractions, monotone_cuts, nearest_boundaries, rcb
 from ._sfc import DEFAULT_BITS, hilbert_keys, morton_keys, quantize
 from ._validate import as_points, check_fractions, check_method, check_weights, quantize_weights
 
@@ -33,16 +33,14 @@ def part_boxes(points: torch.Tensor, owner: torch.Tensor, num_parts: int) -> tor
 def _curve_owner(
     points: torch.Tensor, weights: torch.Tensor, cum_fractions: torch.Tensor, method: str, bits: int
 ) -> torch.Tensor:
+    """Part of each point of a Morton/Hilbert partition (serial; the sharded run is ``repartition``'s)."""
     grid = quantize(points, bits)
     keys = morton_keys(grid) if method == "morton" else hilbert_keys(grid, bits)
     order = torch.sort(keys, stable=True).indices  # ties (duplicate cells) keep the original order
     num_points = points.shape[0]
     prefix = torch.zeros(num_points + 1, dtype=torch.float64, device=points.device)
     torch.cumsum(weights[order], 0, out=prefix[1:])
-    bounds = nearest_boundaries(prefix, prefix[-1] * cum_fractions)
-    bounds[0] = 0
-    bounds[-1] = num_points
-    bounds = torch.cummax(bounds, 0).values
+    bounds = monotone_cuts(nearest_boundaries(prefix, prefix[-1] * cum_fractions), num_points)
     num_parts = cum_fractions.numel() - 1
     owner = torch.empty(num_points, dtype=torch.long, device=points.device)
     owner[order] = torch.repeat_interleave(

@@ -33,7 +33,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["ShardedOps", "cum_fractions", "nearest_boundaries", "rcb"]
+__all__ = ["ShardedOps", "cum_fractions", "monotone_cuts", "nearest_boundaries", "rcb"]
 
 
 class ShardedOps(Protocol):
@@ -82,6 +82,18 @@ def nearest_boundaries(prefix: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     lo = (hi - 1).clamp_(min=0)
     take_lo = (targets - prefix[lo]) <= (prefix[hi] - targets)
     return torch.where(take_lo, lo, hi)
+
+
+def monotone_cuts(bounds: torch.Tensor, num_points: int) -> torch.Tensor:
+    """Part boundaries from the positions nearest each target: ``0`` first, ``num_points`` last, non-decreasing.
+
+    ``bounds`` is the ``(P + 1,)`` long tensor of positions (:func:`nearest_boundaries` of the prefix
+    weights, or the same computed over ranks); it is modified in place and its running maximum returned,
+    so part ``p`` holds positions ``bounds[p]:bounds[p + 1]`` of the curve order.
+    """
+    bounds[0] = 0
+    bounds[-1] = num_points
+    return torch.cummax(bounds, 0).values
 
 
 def _histogram(

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.overrides import resolve_name
 
+from .._op_names import op_name
 from ..errors import UnsupportedOpError
 
 __all__ = ["register_rule", "dispatch", "bind", "op_name", "func_name", "no_subclass", "has_rule"]
@@ -78,14 +78,6 @@ def register_rule(*funcs: Callable) -> Callable[[Rule], Rule]:
 def has_rule(func: Callable) -> bool:
     """Whether ``func`` has a sharding rule."""
     return func in _RULES
-
-
-@torch._dynamo.assume_constant_result  # traced (compiled) code: the name of a function is a constant
-def op_name(func: Callable) -> str:
-    try:
-        return resolve_name(func) or getattr(func, "__name__", repr(func))
-    except Exception:
-        return getattr(func, "__name__", repr(func))
 
 
 @torch._dynamo.assume_constant_result  # traced code: a function's name is a constant
