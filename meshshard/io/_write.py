@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,29 +100,32 @@ def _point_piece(
     return Piece("poly", points, Cells.vertices(n), point_data, cell_data)
 
 
+def _rank_items(
+    perm: np.ndarray, sizes: np.ndarray, ghosts: list[np.ndarray] | None
+) -> Iterator[tuple[np.ndarray, int | None]]:
+    """Each rank's item ids (owned in partition order, then its ghosts) and its ghost count (``None``: no ghosts)."""
+    offsets = offsets_of(sizes)
+    for r in range(len(sizes)):
+        owned = perm[offsets[r]:offsets[r + 1]]
+        if ghosts is None:
+            yield owned, None
+        else:
+            yield np.concatenate([owned, ghosts[r]]), len(ghosts[r])
+
+
 def _cloud_pieces(
     ds: Dataset, perm: np.ndarray, sizes: np.ndarray, owner: np.ndarray, ghosts: list[np.ndarray] | None
 ) -> Iterator[Piece]:
-    offsets = offsets_of(sizes)
-    for r in range(len(sizes)):
-        ids = perm[offsets[r]:offsets[r + 1]]
-        if ghosts is not None:
-            ids = np.concatenate([ids, ghosts[r]])
+    for ids, num_ghosts in _rank_items(perm, sizes, ghosts):
         arrays = {k: v[ids] for k, v in ds.point_data.items()}
-        num_ghosts = None if ghosts is None else len(ghosts[r])
         yield _point_piece(ds.points[ids], arrays, ids, owner[ids], num_ghosts)
 
 
 def _mesh_pieces(
     ds: Dataset, perm: np.ndarray, sizes: np.ndarray, owner: np.ndarray, ghosts: list[np.ndarray] | None
 ) -> Iterator[Piece]:
-    offsets = offsets_of(sizes)
-    for r in range(len(sizes)):
-        ids = perm[offsets[r]:offsets[r + 1]]
-        is_ghost = np.zeros(len(ids), dtype=bool)
-        if ghosts is not None:
-            ids = np.concatenate([ids, ghosts[r]])
-            is_ghost = np.concatenate([is_ghost, np.ones(len(ghosts[r]), dtype=bool)])
+    for ids, num_ghosts in _rank_items(perm, sizes, ghosts):
+        is_ghost = np.arange(len(ids)) >= len(ids) - (num_ghosts or 0)
         if ds.kind == "poly":  # VTK stores verts, lines, polys, strips in that order
             order = np.argsort(ds.cells.types[ids], kind="stable")
             ids, is_ghost = ids[order], is_ghost[order]
@@ -132,7 +136,7 @@ def _mesh_pieces(
         point_data.update({k: v[point_ids] for k, v in ds.point_data.items()})
         cell_data = {"vtkProcessId": owner[ids].astype(np.int32), "GlobalCellIds": ids}
         cell_data.update({k: v[ids] for k, v in ds.cell_data.items()})
-        if ghosts is not None:
+        if num_ghosts is not None:
             # A point is a ghost when no owned cell uses it.
             used = np.zeros(len(point_ids), dtype=bool)
             used[cells.connectivity[~np.repeat(is_ghost, np.diff(cells.offsets))]] = True
@@ -342,78 +346,125 @@ def write_local_partition(
     ``all_to_all``) per field.
     """
     spec: ShardSpec | None = local_points.spec if isinstance(local_points, ShardTensor) else None
-    if spec is not None and group is None:
-        group = spec.group
-    state = comm.group_rank_and_size(group)
-    collective = state is not None
-    group_rank, group_size = state if state is not None else (-1, 0)
-    rank = group_rank if rank is None else rank
-    num_ranks = group_size if num_ranks is None else num_ranks
-    if not isinstance(rank, int) or not isinstance(num_ranks, int) or not 0 <= rank < num_ranks:
-        raise ValueError(f"rank must satisfy 0 <= rank < num_ranks (got rank={rank}, num_ranks={num_ranks})")
-    if collective and (rank, num_ranks) != (group_rank, group_size):
-        raise ValueError(
-            f"rank/num_ranks ({rank}/{num_ranks}) differ from the process group's ({group_rank}/{group_size})"
-        )
-    if not collective and global_ids is None and spec is None:
+    seat = _seat(rank, num_ranks, spec.group if spec is not None and group is None else group)
+    if not seat.collective and global_ids is None and spec is None:
         raise ValueError("global_ids is required when no process group is initialised")
     if halo is not None:
         if ghost_points is not None:
             raise ValueError("give either halo or ghost_points, not both")
-        ghost_points, ghost_global_ids = halo.ghost_points, halo.ghost_global_index
-        offsets = torch.as_tensor(halo.offsets, device=ghost_global_ids.device)
-        ghost_ranks = torch.searchsorted(offsets, ghost_global_ids, right=True) - 1
-        # Collective: every rank exchanges every field, before anything can fail locally.
-        ghost_fields = {k: halo.exchange(v)[halo.num_owned:] for k, v in dict(fields or {}).items()}
+        ghosts: _Ghosts | None = _halo_ghosts(halo, fields)
+    else:
+        ghosts = None if ghost_points is None else _Ghosts(ghost_points, ghost_fields, ghost_global_ids, ghost_ranks)
 
     # From here on, errors are held until every rank has joined the collectives, so one rank's
     # bad input fails all ranks instead of leaving them waiting.
     error: BaseException | None = None
     index = piece = points = None
     try:
-        index = _index_path(path, "points")
-        if index.suffix != ".pvtp":
-            raise ValueError(f"a distributed point cloud is written as .pvtp (got {str(index)!r})")
-        compression = check_compression(compression)
-        if collective and rank == 0:
-            _remove_index(index)
+        index, compression = _local_target(path, compression, seat)
         points = as_dataset(local_points).points
     except Exception as exc:
         error = exc
-    n = 0 if points is None else points.shape[0]
     if global_ids is None:
-        if spec is not None:
-            global_ids = np.arange(n, dtype=np.int64) + int(spec.offsets[rank])
-        else:  # plain tensors under a process group: offsets from everyone's size
-            sizes = comm.all_gather_object(n, group)
-            global_ids = np.arange(n, dtype=np.int64) + offsets_of(sizes)[rank]
+        global_ids = _default_global_ids(0 if points is None else points.shape[0], spec, seat)
     if error is None:
         try:
-            piece = _local_piece(points, rank, fields, global_ids, ghost_points, ghost_fields,
-                                 ghost_global_ids, ghost_ranks)
-            atomic_replace(_piece_path(index, rank), lambda tmp: write_piece(piece, tmp, compression))
+            piece = _local_piece(points, seat.rank, fields, global_ids, ghosts)
+            atomic_replace(_piece_path(index, seat.rank), lambda tmp: write_piece(piece, tmp, compression))
         except Exception as exc:
             error = exc
-    if not collective:
-        if error is not None:
-            raise error
-        return index
-    pieces = comm.agree(_verdict(error), group)
+    if seat.collective:
+        _publish_index(index, piece, error, seat)
+    elif error is not None:
+        raise error
+    return index
+
+
+@dataclass(frozen=True)
+class _Seat:
+    """Where :func:`write_local_partition` writes from: its rank of ``num_ranks``, and the group it agrees over."""
+
+    rank: int
+    num_ranks: int
+    group: ProcessGroup | None
+    #: Whether a process group is initialised (then every rank calls, and rank 0 writes the index).
+    collective: bool
+
+
+def _seat(rank: int | None, num_ranks: int | None, group: ProcessGroup | None) -> _Seat:
+    """Check ``rank``/``num_ranks``, defaulting them to this process's rank in ``group`` and its size."""
+    state = comm.group_rank_and_size(group)
+    group_rank, group_size = state if state is not None else (-1, 0)
+    rank = group_rank if rank is None else rank
+    num_ranks = group_size if num_ranks is None else num_ranks
+    if not isinstance(rank, int) or not isinstance(num_ranks, int) or not 0 <= rank < num_ranks:
+        raise ValueError(f"rank must satisfy 0 <= rank < num_ranks (got rank={rank}, num_ranks={num_ranks})")
+    if state is not None and (rank, num_ranks) != (group_rank, group_size):
+        raise ValueError(
+            f"rank/num_ranks ({rank}/{num_ranks}) differ from the process group's ({group_rank}/{group_size})"
+        )
+    return _Seat(rank, num_ranks, group, state is not None)
+
+
+@dataclass(frozen=True)
+class _Ghosts:
+    """The ghost rows of a :func:`write_local_partition` piece: points, their fields, global ids, owning ranks."""
+
+    points: Rows
+    fields: Mapping[str, Rows] | None
+    global_ids: Rows | None
+    ranks: Rows | None
+
+
+def _halo_ghosts(halo: HaloPlan, fields: Mapping[str, Rows] | None) -> _Ghosts:
+    """The ghosts of ``halo``, each field exchanged through it (collective: call on every rank)."""
+    global_ids = halo.ghost_global_index
+    offsets = torch.as_tensor(halo.offsets, device=global_ids.device)
+    ranks = torch.searchsorted(offsets, global_ids, right=True) - 1
+    # Collective: every rank exchanges every field, before anything can fail locally.
+    exchanged = {k: halo.exchange(v)[halo.num_owned:] for k, v in dict(fields or {}).items()}
+    return _Ghosts(halo.ghost_points, exchanged, global_ids, ranks)
+
+
+def _local_target(path: PathLike, compression: str | None, seat: _Seat) -> tuple[Path, str | None]:
+    """The ``.pvtp`` index and the checked compression; rank 0 of a group drops an earlier index."""
+    index = _index_path(path, "points")
+    if index.suffix != ".pvtp":
+        raise ValueError(f"a distributed point cloud is written as .pvtp (got {str(index)!r})")
+    compression = check_compression(compression)
+    if seat.collective and seat.rank == 0:
+        _remove_index(index)
+    return index, compression
+
+
+def _default_global_ids(n: int, spec: ShardSpec | None, seat: _Seat) -> np.ndarray:
+    """The partition-order ids of this rank's ``n`` points: from the spec, else one all-gather of the sizes."""
+    if spec is not None:
+        return np.arange(n, dtype=np.int64) + int(spec.offsets[seat.rank])
+    sizes = comm.all_gather_object(n, seat.group)
+    return np.arange(n, dtype=np.int64) + offsets_of(sizes)[seat.rank]
+
+
+def _publish_index(index: Path | None, piece: Piece | None, error: BaseException | None, seat: _Seat) -> None:
+    """Agree that every piece is in place, then rank 0 writes the index and all agree that it did.
+
+    Raises this rank's ``error``, or a ShardingError naming what failed elsewhere.
+    """
+    pieces = comm.agree(_verdict(error), seat.group)
     if error is not None:
         raise error
     if pieces.failed:
-        raise ShardingError(f"rank {rank}: another rank failed to write its piece; no index was written "
+        raise ShardingError(f"rank {seat.rank}: another rank failed to write its piece; no index was written "
                             f"({pieces.first_error()})")
-    if rank == 0:
+    if seat.rank == 0:
         try:
-            write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(num_ranks)])
+            write_index(index, schema_of(piece), [_piece_path(index, r).name for r in range(seat.num_ranks)])
         except Exception as exc:
             error = exc
-    if comm.agree(_verdict(error), group).failed:
+    if comm.agree(_verdict(error), seat.group).failed:
         if error is not None:
             raise error
-        raise ShardingError(f"rank {rank}: rank 0 failed to write the index {index}")
-    return index
+        raise ShardingError(f"rank {seat.rank}: rank 0 failed to write the index {index}")
 
 
 def _verdict(error: BaseException | None) -> str | None:
@@ -425,23 +476,20 @@ def _local_piece(
     rank: int,
     fields: Mapping[str, Rows] | None,
     global_ids: Rows,
-    ghost_points: Rows | None,
-    ghost_fields: Mapping[str, Rows] | None,
-    ghost_global_ids: Rows | None,
-    ghost_ranks: Rows | None,
+    ghosts: _Ghosts | None,
 ) -> Piece:
     """Check and assemble the piece of :func:`write_local_partition` (owned rows, then ghosts)."""
     n = points.shape[0]
     arrays = {k: _local_rows(v, f"fields[{k!r}]", n) for k, v in dict(fields or {}).items()}
     ids = _local_rows(global_ids, "global_ids", n).reshape(-1)
     ranks = np.full(n, rank, dtype=np.int32)
-    if ghost_points is None:
+    if ghosts is None:
         return _point_piece(points, arrays, ids, ranks, None)
-    g_points = as_dataset(ghost_points).points.astype(points.dtype)
+    g_points = as_dataset(ghosts.points).points.astype(points.dtype)
     g = g_points.shape[0]
-    if ghost_global_ids is None or ghost_ranks is None:
+    if ghosts.global_ids is None or ghosts.ranks is None:
         raise ValueError("ghost_points needs ghost_global_ids and ghost_ranks")
-    g_fields = dict(ghost_fields or {})
+    g_fields = dict(ghosts.fields or {})
     if set(g_fields) != set(arrays):
         raise ValueError(
             f"ghost_fields must have the keys of fields {sorted(arrays)} (got {sorted(g_fields)})"
@@ -450,8 +498,8 @@ def _local_piece(
         k: np.concatenate([v, _local_rows(g_fields[k], f"ghost_fields[{k!r}]", g).astype(v.dtype)])
         for k, v in arrays.items()
     }
-    ids = np.concatenate([ids, _local_rows(ghost_global_ids, "ghost_global_ids", g).reshape(-1)])
-    ranks = np.concatenate([ranks, _local_rows(ghost_ranks, "ghost_ranks", g).reshape(-1)])
+    ids = np.concatenate([ids, _local_rows(ghosts.global_ids, "ghost_global_ids", g).reshape(-1)])
+    ranks = np.concatenate([ranks, _local_rows(ghosts.ranks, "ghost_ranks", g).reshape(-1)])
     return _point_piece(np.concatenate([points, g_points]), arrays, ids, ranks, g)
 
 

@@ -550,3 +550,41 @@ def test_without_process_group_pieces_then_index(tmp_path):
         write_local_partition(points[:3], out, rank=0, num_ranks=3)
     with pytest.raises(ValueError, match=r"rank must satisfy 0 <= rank < num_ranks \(got rank=3"):
         write_local_partition(points[:3], out, global_ids=torch.arange(3), rank=3, num_ranks=3)
+
+
+def test_local_ghost_arguments_are_checked(tmp_path):
+    points, pressure, _ = _global_data()
+    out = tmp_path / "g.pvtp"
+    common = {"global_ids": torch.arange(3), "rank": 0, "num_ranks": 1, "fields": {"p": pressure[:3]}}
+    with pytest.raises(ValueError, match="ghost_points needs ghost_global_ids and ghost_ranks"):
+        write_local_partition(points[:3], out, ghost_points=points[3:5], ghost_global_ids=torch.arange(2), **common)
+    with pytest.raises(ValueError, match=re.escape("ghost_fields must have the keys of fields ['p'] (got ['q'])")):
+        write_local_partition(points[:3], out, ghost_points=points[3:5], ghost_fields={"q": pressure[3:5]},
+                              ghost_global_ids=torch.arange(3, 5), ghost_ranks=torch.ones(2), **common)
+    with pytest.raises(ValueError, match=re.escape("ghost_global_ids must have 2 rows (got shape (3,))")):
+        write_local_partition(points[:3], out, ghost_points=points[3:5], ghost_fields={"p": pressure[3:5]},
+                              ghost_global_ids=torch.arange(3), ghost_ranks=torch.ones(2), **common)
+    assert not any(tmp_path.iterdir())
+
+
+def _local_rank_and_halo_misuse(out: str) -> list[str]:
+    import meshshard as ms
+    from meshshard.halo import HaloPlan
+
+    points, _, part = _global_data()
+    x = ms.ShardTensor.from_local(points[part.shard_indices(dist.get_rank())], ms.init_mesh(), sizes=[12, 0, N - 12])
+    messages = []
+    for kwargs in ({"num_ranks": 4}, {"halo": HaloPlan.build(x, 0.3), "ghost_points": points[:2]}):
+        with pytest.raises(ValueError) as info:
+            write_local_partition(x, out, **kwargs)
+        messages.append(str(info.value))
+    return messages
+
+
+def test_local_rank_must_match_the_group_and_halo_excludes_ghost_points(tmp_path):
+    out = tmp_path / "m.pvtp"
+    results = run_distributed(_local_rank_and_halo_misuse, 3, str(out))
+    for rank, (mismatch, both) in enumerate(results):
+        assert mismatch == f"rank/num_ranks ({rank}/4) differ from the process group's ({rank}/3)"
+        assert both == "give either halo or ghost_points, not both"
+    assert not any(tmp_path.iterdir())
