@@ -339,19 +339,51 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 def _sdpa(func, args, kwargs):
     a = bind(func, args, kwargs, _SDPA_ARGS, {"dropout_p": 0.0, "is_causal": False, "enable_gqa": False})
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    qs, ks, vs = _check_sdpa_operands(func, a)
+    _check_sdpa_options(func, a, qs, ks, vs)
+    q_seq = _seq_sharded(q, -2)
+    kv_seq = _check_kv(func, k, v, -2, -2)
+    if not q_seq and not kv_seq:
+        return _batch_sharded(func, a)
+    _check_seq_dims(func, q, k, v, mask)
+    q_spec = q._spec if q_seq else None
+    kv_spec = k._spec if kv_seq else None
+    if q_spec is not None and kv_spec is not None:
+        _same_axis(q_spec, kv_spec, func, "query and key")
+    masks = [_mask_entry(func, mask, q_spec, kv_spec, qs[-2], ks[-2])] if mask is not None else []
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(qs[-1])
+    plan = _plan((q_spec or kv_spec), q_spec, kv_spec, qs[-2], ks[-2], masks, bool(a["is_causal"]), scale)
+    with no_subclass():
+        lq, lk, lv = _sdpa_locals(a)
+        if q_seq and not kv_seq:
+            return _sdpa_local_queries(func, lq, lk, lv, plan, q_spec)
+        out = _attend(lq, lk, lv, plan)
+    if q_seq:
+        return wrap(out, q_spec, out.dim() - 2)
+    return replicated(out, kv_spec)
+
+
+def _check_sdpa_operands(func, a: dict) -> tuple[torch.Size, torch.Size, torch.Size]:
+    """Types, dropout and the shapes query/key/value must have; returns their global shapes."""
     for name in ("query", "key", "value"):
         if not isinstance(a[name], torch.Tensor):
             raise TypeError(f"{op_name(func)}: {name} must be a tensor (got {type(a[name]).__name__})")
     if a["dropout_p"]:
         raise refuse(func, f"dropout_p={a['dropout_p']} draws torch's own random mask, which a sharded run cannot "
                      "reproduce", "use dropout_p=0 and apply nn.Dropout to the output")
-    qs, ks, vs = _gshape(q), _gshape(k), _gshape(v)
+    qs, ks, vs = _gshape(a["query"]), _gshape(a["key"]), _gshape(a["value"])
     if min(len(qs), len(ks), len(vs)) < 2:
         raise RuntimeError(f"{op_name(func)}: query, key and value need at least 2 dims (got {tuple(qs)}, "
                            f"{tuple(ks)}, {tuple(vs)})")
     if qs[-1] != ks[-1] or ks[-2] != vs[-2]:
         raise RuntimeError(f"{op_name(func)}: query {tuple(qs)}, key {tuple(ks)} and value {tuple(vs)} do not fit "
                            "(query and key need the same last dim, key and value the same sequence length)")
+    return qs, ks, vs
+
+
+def _check_sdpa_options(func, a: dict, qs: torch.Size, ks: torch.Size, vs: torch.Size) -> None:
+    """Dtypes, the mask against ``is_causal``, and the head counts ``enable_gqa`` needs."""
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
         raise RuntimeError(f"{op_name(func)}: expected query, key and value of one floating dtype (got {q.dtype}, "
                            f"{k.dtype}, {v.dtype})")
@@ -363,38 +395,35 @@ def _sdpa(func, args, kwargs):
         if qs[-3] % ks[-3] or ks[-3] != vs[-3]:
             raise RuntimeError(f"{op_name(func)}: with enable_gqa the query heads ({qs[-3]}) must be a multiple of "
                                f"the key/value heads ({ks[-3]}, {vs[-3]})")
-    q_seq = _seq_sharded(q, -2)
-    kv_seq = _check_kv(func, k, v, -2, -2)
-    if not q_seq and not kv_seq:
-        return _batch_sharded(func, a)
+
+
+def _check_seq_dims(func, q, k, v, mask) -> None:
+    """With the sequence dim sharded, every sharded operand but the mask must be sharded along it."""
     shards = [t for t in (q, k, v, mask) if isinstance(t, ShardTensor)]
     for t in shards:
         nd, d = len(t._spec.global_shape), t._spec.dim
         if t is not mask and d != nd - 2:
             raise ShardingError(f"{op_name(func)}: with the sequence dim sharded, every sharded operand must be "
                                 f"sharded along it (got one sharded on dim {d} of {nd})")
-    q_spec = q._spec if q_seq else None
-    kv_spec = k._spec if kv_seq else None
-    if q_spec is not None and kv_spec is not None:
-        _same_axis(q_spec, kv_spec, func, "query and key")
-    masks = [_mask_entry(func, mask, q_spec, kv_spec, qs[-2], ks[-2])] if mask is not None else []
-    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(qs[-1])
-    plan = _plan((q_spec or kv_spec), q_spec, kv_spec, qs[-2], ks[-2], masks, bool(a["is_causal"]), scale)
-    with no_subclass():
-        lq, lk, lv = _plain(q), _plain(k), _plain(v)
-        if a["enable_gqa"] and lq.dim() >= 3 and lk.dim() >= 3 and lq.shape[-3] != lk.shape[-3]:
-            rep = lq.shape[-3] // lk.shape[-3]
-            lk, lv = lk.repeat_interleave(rep, dim=-3), lv.repeat_interleave(rep, dim=-3)
-        if q_seq and not kv_seq:
-            if plan.q_len == 0:
-                out = _empty(lq, lk, lv)
-            else:
-                out = func(lq, lk, lv, attn_mask=plan.bias(0, ks[-2], lq.dtype, lq.device), scale=scale)
-            return wrap(out, q_spec, out.dim() - 2)
-        out = _attend(lq, lk, lv, plan)
-    if q_seq:
-        return wrap(out, q_spec, out.dim() - 2)
-    return replicated(out, kv_spec)
+
+
+def _sdpa_locals(a: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The local plain query/key/value; with ``enable_gqa``, key/value heads repeated to the query heads."""
+    lq, lk, lv = _plain(a["query"]), _plain(a["key"]), _plain(a["value"])
+    if a["enable_gqa"] and lq.dim() >= 3 and lk.dim() >= 3 and lq.shape[-3] != lk.shape[-3]:
+        rep = lq.shape[-3] // lk.shape[-3]
+        lk, lv = lk.repeat_interleave(rep, dim=-3), lv.repeat_interleave(rep, dim=-3)
+    return lq, lk, lv
+
+
+def _sdpa_local_queries(func, lq: torch.Tensor, lk: torch.Tensor, lv: torch.Tensor, plan: _Plan,
+                        q_spec: ShardSpec) -> ShardTensor:
+    """Sharded queries, replicated keys/values: torch's own op on the local query rows (no communication)."""
+    if plan.q_len == 0:
+        out = _empty(lq, lk, lv)
+    else:
+        out = func(lq, lk, lv, attn_mask=plan.bias(0, plan.num_keys, lq.dtype, lq.device), scale=plan.scale)
+    return wrap(out, q_spec, out.dim() - 2)
 
 
 def _batch_sharded(func, a: dict):
@@ -535,7 +564,40 @@ def _mha_local_queries(func, a: dict, q_spec: ShardSpec, kpm, mask, batched: boo
 
 def _mha_sharded_keys(func, a: dict, q_spec: ShardSpec | None, kv_spec: ShardSpec, kpm, mask, batched: bool):
     q, k, v = a["query"], a["key"], a["value"]
-    qs, ks, vs = _gshape(q), _gshape(k), _gshape(v)
+    qs, ks = _gshape(q), _gshape(k)
+    heads, e = _check_mha_shapes(func, a, mask, batched)
+    num_q, num_k, bsz, hd = qs[0], ks[0], (qs[1] if batched else 1), e // heads
+    causal = bool(a["is_causal"]) and kpm is None
+    masks = []
+    if not causal and mask is not None:
+        masks.append(_mha_attn_mask(func, mask, q_spec, num_q, num_k, bsz, heads, q.dtype))
+    if kpm is not None:
+        masks.append(_mha_key_padding(func, kpm, num_k, bsz, batched, q.dtype))
+    scale = 1.0 / math.sqrt(hd)
+    plan = _plan(q_spec or kv_spec, q_spec, kv_spec, num_q, num_k, masks, causal, scale)
+    with no_subclass():
+        lq, lk, lv = _plain(q), _plain(k), _plain(v)
+        if not batched:
+            lq, lk, lv = lq.unsqueeze(1), lk.unsqueeze(1), lv.unsqueeze(1)
+        pq, pk, pv = _mha_in_proj(a, lq, lk, lv)
+
+        def heads_first(t: torch.Tensor) -> torch.Tensor:  # (L, N, E) -> (N, H, L, hd)
+            return t.reshape(t.shape[0], bsz, heads, hd).permute(1, 2, 0, 3)
+
+        out = _attend(heads_first(pq), heads_first(pk), heads_first(pv), plan)
+        rows = out.shape[-2]
+        out = out.permute(2, 0, 1, 3).reshape(rows * bsz, e)
+        out = F.linear(out, _plain(a["out_proj_weight"]), _plain(a["out_proj_bias"])).reshape(rows, bsz, e)
+        if not batched:
+            out = out.squeeze(1)
+    if q_spec is not None:
+        return wrap(out, q_spec, 0), None
+    return replicated(out, kv_spec), None
+
+
+def _check_mha_shapes(func, a: dict, mask, batched: bool) -> tuple[int, int]:
+    """torch's own checks of embedding dim, heads, operand shapes and ``is_causal``; returns ``(heads, E)``."""
+    qs, ks, vs = _gshape(a["query"]), _gshape(a["key"]), _gshape(a["value"])
     heads, e = int(a["num_heads"]), qs[-1]
     if e != a["embed_dim_to_check"]:
         raise AssertionError(f"was expecting embedding dimension of {a['embed_dim_to_check']}, but got {e}")
@@ -550,50 +612,42 @@ def _mha_sharded_keys(func, a: dict, q_spec: ShardSpec | None, kv_spec: ShardSpe
     if a["is_causal"] and mask is None:
         raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the Transformer module "
                            "method `generate_square_subsequent_mask` to create this mask.")
-    num_q, num_k, bsz, hd = qs[0], ks[0], (qs[1] if batched else 1), e // heads
-    causal = bool(a["is_causal"]) and kpm is None
-    masks = []
-    if not causal and mask is not None:
-        mshape = _gshape(mask)
-        if len(mshape) == 2 and tuple(mshape) != (num_q, num_k):
-            raise RuntimeError(f"The shape of the 2D attn_mask is {tuple(mshape)}, but should be {(num_q, num_k)}.")
-        if len(mshape) == 3 and tuple(mshape) != (bsz * heads, num_q, num_k):
-            raise RuntimeError(f"The shape of the 3D attn_mask is {tuple(mshape)}, but should be "
-                               f"{(bsz * heads, num_q, num_k)}.")
-        if len(mshape) not in (2, 3):
-            raise RuntimeError(f"attn_mask's dimension {len(mshape)} is not supported")
-        m, rows_local = _mask_entry(func, mask, q_spec, None, num_q, num_k)
-        m = _float_mask(m, q.dtype)
-        m = m.reshape(bsz, heads, *m.shape[-2:]) if m.dim() == 3 else m
-        masks.append((m, rows_local))
-    if kpm is not None:
-        want = (bsz, num_k) if batched else (num_k,)
-        if tuple(kpm.shape) != want:
-            raise RuntimeError(f"{op_name(func)}: expected key_padding_mask of shape {want} (got {tuple(kpm.shape)})")
-        masks.append((_float_mask(kpm, q.dtype).reshape(bsz, 1, 1, num_k), False))
-    scale = 1.0 / math.sqrt(hd)
-    plan = _plan(q_spec or kv_spec, q_spec, kv_spec, num_q, num_k, masks, causal, scale)
-    with no_subclass():
-        lq, lk, lv = _plain(q), _plain(k), _plain(v)
-        if not batched:
-            lq, lk, lv = lq.unsqueeze(1), lk.unsqueeze(1), lv.unsqueeze(1)
-        w, b = _plain(a["in_proj_weight"]), _plain(a["in_proj_bias"])
-        if a["use_separate_proj_weight"]:
-            wq, wk, wv = _plain(a["q_proj_weight"]), _plain(a["k_proj_weight"]), _plain(a["v_proj_weight"])
-        else:
-            wq, wk, wv = w.chunk(3)
-        bq, bk, bv = b.chunk(3) if b is not None else (None, None, None)
-        pq, pk, pv = F.linear(lq, wq, bq), F.linear(lk, wk, bk), F.linear(lv, wv, bv)
+    return heads, e
 
-        def heads_first(t: torch.Tensor) -> torch.Tensor:  # (L, N, E) -> (N, H, L, hd)
-            return t.reshape(t.shape[0], bsz, heads, hd).permute(1, 2, 0, 3)
 
-        out = _attend(heads_first(pq), heads_first(pk), heads_first(pv), plan)
-        rows = out.shape[-2]
-        out = out.permute(2, 0, 1, 3).reshape(rows * bsz, e)
-        out = F.linear(out, _plain(a["out_proj_weight"]), _plain(a["out_proj_bias"])).reshape(rows, bsz, e)
-        if not batched:
-            out = out.squeeze(1)
-    if q_spec is not None:
-        return wrap(out, q_spec, 0), None
-    return replicated(out, kv_spec), None
+def _mha_attn_mask(func, mask, q_spec: ShardSpec | None, num_q: int, num_k: int, bsz: int, heads: int,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """The attn_mask as a float ``(mask, rows_local)`` entry; a 3D one as ``(N, H, L, S)``."""
+    mshape = _gshape(mask)
+    if len(mshape) == 2 and tuple(mshape) != (num_q, num_k):
+        raise RuntimeError(f"The shape of the 2D attn_mask is {tuple(mshape)}, but should be {(num_q, num_k)}.")
+    if len(mshape) == 3 and tuple(mshape) != (bsz * heads, num_q, num_k):
+        raise RuntimeError(f"The shape of the 3D attn_mask is {tuple(mshape)}, but should be "
+                           f"{(bsz * heads, num_q, num_k)}.")
+    if len(mshape) not in (2, 3):
+        raise RuntimeError(f"attn_mask's dimension {len(mshape)} is not supported")
+    m, rows_local = _mask_entry(func, mask, q_spec, None, num_q, num_k)
+    m = _float_mask(m, dtype)
+    m = m.reshape(bsz, heads, *m.shape[-2:]) if m.dim() == 3 else m
+    return m, rows_local
+
+
+def _mha_key_padding(func, kpm: torch.Tensor, num_k: int, bsz: int, batched: bool,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+    """The (plain, global) key_padding_mask as a float ``(N, 1, 1, S)`` mask entry."""
+    want = (bsz, num_k) if batched else (num_k,)
+    if tuple(kpm.shape) != want:
+        raise RuntimeError(f"{op_name(func)}: expected key_padding_mask of shape {want} (got {tuple(kpm.shape)})")
+    return _float_mask(kpm, dtype).reshape(bsz, 1, 1, num_k), False
+
+
+def _mha_in_proj(a: dict, lq: torch.Tensor, lk: torch.Tensor,
+                 lv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The input projections of the local (L, N, E) query/key/value (packed or separate weights)."""
+    w, b = _plain(a["in_proj_weight"]), _plain(a["in_proj_bias"])
+    if a["use_separate_proj_weight"]:
+        wq, wk, wv = _plain(a["q_proj_weight"]), _plain(a["k_proj_weight"]), _plain(a["v_proj_weight"])
+    else:
+        wq, wk, wv = w.chunk(3)
+    bq, bk, bv = b.chunk(3) if b is not None else (None, None, None)
+    return F.linear(lq, wq, bq), F.linear(lk, wk, bk), F.linear(lv, wv, bv)
