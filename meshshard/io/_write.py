@@ -349,12 +349,7 @@ def write_local_partition(
     seat = _seat(rank, num_ranks, spec.group if spec is not None and group is None else group)
     if not seat.collective and global_ids is None and spec is None:
         raise ValueError("global_ids is required when no process group is initialised")
-    if halo is not None:
-        if ghost_points is not None:
-            raise ValueError("give either halo or ghost_points, not both")
-        ghosts: _Ghosts | None = _halo_ghosts(halo, fields)
-    else:
-        ghosts = None if ghost_points is None else _Ghosts(ghost_points, ghost_fields, ghost_global_ids, ghost_ranks)
+    ghosts = _ghost_rows(halo, fields, ghost_points, ghost_fields, ghost_global_ids, ghost_ranks)
 
     # From here on, errors are held until every rank has joined the collectives, so one rank's
     # bad input fails all ranks instead of leaving them waiting.
@@ -414,6 +409,30 @@ class _Ghosts:
     fields: Mapping[str, Rows] | None
     global_ids: Rows | None
     ranks: Rows | None
+
+
+def _ghost_rows(
+    halo: HaloPlan | None,
+    fields: Mapping[str, Rows] | None,
+    ghost_points: Rows | None,
+    ghost_fields: Mapping[str, Rows] | None,
+    ghost_global_ids: Rows | None,
+    ghost_ranks: Rows | None,
+) -> _Ghosts | None:
+    """The ghost rows to write: from ``halo`` (collective), from the ``ghost_*`` arguments, or none."""
+    given = [n for n, v in (("ghost_fields", ghost_fields), ("ghost_global_ids", ghost_global_ids),
+                            ("ghost_ranks", ghost_ranks)) if v is not None]  # fmt: skip
+    if halo is not None:
+        if ghost_points is not None:
+            raise ValueError("give either halo or ghost_points, not both")
+        if given:
+            raise ValueError(f"a halo supplies the ghosts' fields, ids and ranks: drop {', '.join(given)}")
+        return _halo_ghosts(halo, fields)
+    if ghost_points is None:
+        if given:
+            raise ValueError(f"{', '.join(given)} describe ghost rows: give ghost_points (or a halo) with them")
+        return None
+    return _Ghosts(ghost_points, ghost_fields, ghost_global_ids, ghost_ranks)
 
 
 def _halo_ghosts(halo: HaloPlan, fields: Mapping[str, Rows] | None) -> _Ghosts:

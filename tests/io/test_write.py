@@ -564,6 +564,9 @@ def test_local_ghost_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match=re.escape("ghost_global_ids must have 2 rows (got shape (3,))")):
         write_local_partition(points[:3], out, ghost_points=points[3:5], ghost_fields={"p": pressure[3:5]},
                               ghost_global_ids=torch.arange(3), ghost_ranks=torch.ones(2), **common)
+    # ghost descriptions without ghost rows were silently dropped before: now refused
+    with pytest.raises(ValueError, match=re.escape("ghost_fields, ghost_ranks describe ghost rows: give ghost_points")):
+        write_local_partition(points[:3], out, ghost_fields={"p": pressure[3:5]}, ghost_ranks=torch.ones(2), **common)
     assert not any(tmp_path.iterdir())
 
 
@@ -574,7 +577,8 @@ def _local_rank_and_halo_misuse(out: str) -> list[str]:
     points, _, part = _global_data()
     x = ms.ShardTensor.from_local(points[part.shard_indices(dist.get_rank())], ms.init_mesh(), sizes=[12, 0, N - 12])
     messages = []
-    for kwargs in ({"num_ranks": 4}, {"halo": HaloPlan.build(x, 0.3), "ghost_points": points[:2]}):
+    halo = HaloPlan.build(x, 0.3)
+    for kwargs in ({"num_ranks": 4}, {"halo": halo, "ghost_points": points[:2]}, {"halo": halo, "ghost_ranks": [0]}):
         with pytest.raises(ValueError) as info:
             write_local_partition(x, out, **kwargs)
         messages.append(str(info.value))
@@ -584,7 +588,8 @@ def _local_rank_and_halo_misuse(out: str) -> list[str]:
 def test_local_rank_must_match_the_group_and_halo_excludes_ghost_points(tmp_path):
     out = tmp_path / "m.pvtp"
     results = run_distributed(_local_rank_and_halo_misuse, 3, str(out))
-    for rank, (mismatch, both) in enumerate(results):
+    for rank, (mismatch, both, ignored) in enumerate(results):
         assert mismatch == f"rank/num_ranks ({rank}/4) differ from the process group's ({rank}/3)"
         assert both == "give either halo or ghost_points, not both"
+        assert ignored == "a halo supplies the ghosts' fields, ids and ranks: drop ghost_ranks"
     assert not any(tmp_path.iterdir())
