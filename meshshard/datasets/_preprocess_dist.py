@@ -31,6 +31,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from .. import comm
+from .._sizes import offsets_of
 from ._preprocess import PreprocessReport, check_args, order_key, read_run_info, sdf_to_stl, write_meta
 from ._sdf import resolve_backend
 from ._store import FieldStats, atomic_write_json, divisor_chains, recover_dir, replace_dir, split_runs
@@ -129,6 +131,10 @@ def preprocess_distributed(
     _barrier(group)
 
     report = PreprocessReport(store=store)
+    job = _Job(
+        source, kinds, field_names, chains, method, sdf_backend, chunk_size, config, mesh, group, rank, world,
+        repartition_with_payload,
+    )  # fmt: skip
     todo = []
     for run in source.runs:
         info = read_run_info(runs_dir / f"run_{run}")
@@ -136,10 +142,7 @@ def preprocess_distributed(
     for j, run in enumerate(todo):
         tmp = runs_dir / f".tmp-run_{run}-ranks{world}"
         reader = j % world
-        error, cells = _run(
-            source, run, tmp, runs_dir, kinds, field_names, chains, method, sdf_backend, chunk_size, config,
-            mesh, group, rank, world, reader, repartition_with_payload,
-        )  # fmt: skip
+        error, cells = _run(job, run, tmp, runs_dir, reader)
         if error is None:
             report.processed.append(run)
             for kind, n in cells.items():
@@ -156,123 +159,152 @@ def preprocess_distributed(
     return report
 
 
-def _run(
-    source: DrivaerML,
-    run: int,
-    tmp: Path,
-    runs_dir: Path,
-    kinds: tuple[str, ...],
-    field_names: Mapping[str, Sequence[str]],
-    chains: tuple[tuple[int, ...], ...],
-    method: str,
-    sdf_backend: str,
-    chunk_size: int,
-    config: dict[str, Any],
-    mesh: DeviceMesh,
-    group: ProcessGroup | None,
-    rank: int,
-    world: int,
-    reader: int,
-    repartition_fn: Callable[..., Any],
-) -> tuple[str | None, dict[str, int]]:
-    """Process one run on every rank; returns the first rank's error (same on every rank) and cell counts."""
-    import meshshard as ms
+@dataclass(frozen=True)
+class _Job:
+    """What every run of one :func:`preprocess_distributed` call shares: the source, the options, the ranks."""
 
+    source: DrivaerML
+    kinds: tuple[str, ...]
+    field_names: Mapping[str, Sequence[str]]
+    chains: tuple[tuple[int, ...], ...]
+    method: str
+    sdf_backend: str
+    chunk_size: int
+    config: dict[str, Any]
+    mesh: DeviceMesh
+    group: ProcessGroup | None
+    rank: int
+    world: int
+    repartition_fn: Callable[..., Any]
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _run(job: _Job, run: int, tmp: Path, runs_dir: Path, reader: int) -> tuple[str | None, dict[str, int]]:
+    """Process one run on every rank; returns the first rank's error (same on every rank) and cell counts."""
     cells: dict[str, int] = {}
-    info: dict[str, Any] = {"run": run, "config": config, "kinds": {}}
+    info: dict[str, Any] = {"run": run, "config": job.config, "kinds": {}}
     error = None
-    if rank == 0:
+    if job.rank == 0:
         try:
             tmp.mkdir(parents=True)
         except OSError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    if (error := _first_error(error, group)) is not None:
+            error = _error_text(exc)
+    if (error := _first_error(error, job.group)) is not None:
         return error, cells
-    for kind in kinds:
-        names = _names(kind, field_names)
-        # 1. The reader reads the whole file; the others hold no cells.
-        arrays: dict[str, np.ndarray] = {}
-        pos64 = np.zeros((0, 3))
-        error = None
-        if rank == reader:
-            try:
-                raw = source.read_surface(run) if kind == "surface" else source.read_volume(run)
-                pos64 = np.ascontiguousarray(raw["pos"], dtype=np.float64)
-                arrays = {k: np.ascontiguousarray(raw[k], dtype=np.float32) for k in names}
-            except Exception as exc:  # one bad run must not stop the others
-                error = f"{type(exc).__name__}: {exc}"
-        if (error := _first_error(error, group)) is not None:
+    for kind in job.kinds:
+        error, kind_info = _run_kind(job, run, kind, tmp, reader)
+        if error is not None:
             return error, cells
-        shape = torch.zeros(1 + 2 * len(names), dtype=torch.long)
-        if rank == reader:
-            shape[0] = pos64.shape[0]
-            for i, name in enumerate(names):
-                shape[1 + 2 * i] = arrays[name].ndim
-                shape[2 + 2 * i] = 1 if arrays[name].ndim == 1 else arrays[name].shape[1]
-        shape = comm.all_reduce_(shape, group).tolist()
-        num_points = shape[0]
-        ndims = {name: shape[1 + 2 * i] for i, name in enumerate(names)}
-        widths = {name: shape[2 + 2 * i] for i, name in enumerate(names)}
-        n_local = pos64.shape[0]
-        if rank != reader:
-            arrays = {name: np.zeros((0, widths[name]) if ndims[name] == 2 else 0, np.float32) for name in names}
-        sizes = [num_points if r == reader else 0 for r in range(world)]
-        x = ms.ShardTensor.from_local(torch.from_numpy(arrays["pos"].reshape(n_local, 3)), mesh, sizes=sizes)
-        payload = np.concatenate(
-            [pos64.view(np.uint8).reshape(n_local, 24)]
-            + [arrays[name].reshape(n_local, widths[name]).view(np.uint8) for name in names],
-            axis=1,
-        )
-        del arrays
-        kind_info: dict[str, Any] = {"num_points": num_points, "fields": {}, "stats": {}, "orders": {}}
-        for c, chain in enumerate(chains):
-            levels = [p for p in chain if p > 1]
-            key = order_key(chain)
-            if levels:
-                _, ids, moved, part_sizes = repartition_fn(
-                    x, method, num_parts=levels[-1], payload=torch.from_numpy(payload)
-                )
-                moved = moved.numpy()
-                perm = ids.to_local().numpy()
-                offset = sum(ids.sharding_sizes[:rank])
-                chain_sizes = {1: [num_points]}
-                for p in levels:
-                    k = levels[-1] // p
-                    chain_sizes[p] = [sum(part_sizes[i * k : (i + 1) * k]) for i in range(p)]
-            else:  # P = 1 only: the original order, written by the reader
-                moved, perm, offset = payload, np.arange(n_local, dtype=np.int64), 0
-                chain_sizes = {1: [num_points]}
-            local = _unpack(moved, names, ndims, widths)
-            error = None
-            try:
-                if kind == "volume":
-                    local["sdf"] = np.ascontiguousarray(
-                        sdf_to_stl(source.stl_path(run), local.pop("_pos64"), sdf_backend, chunk_size),
-                        dtype=np.float32,
-                    )
-                local.pop("_pos64", None)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            if (error := _first_error(error, group)) is not None:
-                return error, cells
-            if c == 0:
-                kind_info["fields"] = {k: list(v.shape[1:]) for k, v in local.items()}
-                kind_info["stats"] = {k: _merged_stats(v, group).to_json() for k, v in local.items()}
-            order_dir = tmp / kind / key
-            error = _write_rows(order_dir, {"perm": perm, **local}, num_points, offset, rank, group)
-            if error is not None:
-                return error, cells
-            kind_info["orders"][key] = {str(p): chain_sizes[p] for p in (1, *chain)}
         info["kinds"][kind] = kind_info
-        cells[kind] = num_points
+        cells[kind] = kind_info["num_points"]
     error = None
-    if rank == 0:
+    if job.rank == 0:
         try:
             atomic_write_json(tmp / "run.json", info)
             replace_dir(tmp, runs_dir / f"run_{run}")
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-    return _first_error(error, group), cells
+            error = _error_text(exc)
+    return _first_error(error, job.group), cells
+
+
+def _run_kind(job: _Job, run: int, kind: str, tmp: Path, reader: int) -> tuple[str | None, dict[str, Any]]:
+    """One kind of one run: read on ``reader``, repartition per divisor chain, write every order's rows."""
+    import meshshard as ms
+
+    names = _names(kind, job.field_names)
+    # 1. The reader reads the whole file; the others hold no cells.
+    error, pos64, arrays = _read_kind(job, run, kind, names, reader)
+    if (error := _first_error(error, job.group)) is not None:
+        return error, {}
+    num_points, ndims, widths = _agree_layout(job, pos64, arrays, names, reader)
+    n_local = pos64.shape[0]
+    if job.rank != reader:
+        arrays = {name: np.zeros((0, widths[name]) if ndims[name] == 2 else 0, np.float32) for name in names}
+    sizes = [num_points if r == reader else 0 for r in range(job.world)]
+    x = ms.ShardTensor.from_local(torch.from_numpy(arrays["pos"].reshape(n_local, 3)), job.mesh, sizes=sizes)
+    payload = np.concatenate(
+        [pos64.view(np.uint8).reshape(n_local, 24)]
+        + [arrays[name].reshape(n_local, widths[name]).view(np.uint8) for name in names],
+        axis=1,
+    )
+    del arrays
+    kind_info: dict[str, Any] = {"num_points": num_points, "fields": {}, "stats": {}, "orders": {}}
+    for c, chain in enumerate(job.chains):
+        moved, perm, offset, chain_sizes = _chain_rows(job, x, payload, chain, num_points)
+        local = _unpack(moved, names, ndims, widths)
+        error = None
+        try:
+            if kind == "volume":
+                local["sdf"] = np.ascontiguousarray(
+                    sdf_to_stl(job.source.stl_path(run), local.pop("_pos64"), job.sdf_backend, job.chunk_size),
+                    dtype=np.float32,
+                )
+            local.pop("_pos64", None)
+        except Exception as exc:
+            error = _error_text(exc)
+        if (error := _first_error(error, job.group)) is not None:
+            return error, kind_info
+        if c == 0:
+            kind_info["fields"] = {k: list(v.shape[1:]) for k, v in local.items()}
+            kind_info["stats"] = {k: _merged_stats(v, job.group).to_json() for k, v in local.items()}
+        key = order_key(chain)
+        error = _write_rows(tmp / kind / key, {"perm": perm, **local}, num_points, offset, job.rank, job.group)
+        if error is not None:
+            return error, kind_info
+        kind_info["orders"][key] = {str(p): chain_sizes[p] for p in (1, *chain)}
+    return None, kind_info
+
+
+def _read_kind(
+    job: _Job, run: int, kind: str, names: list[str], reader: int
+) -> tuple[str | None, np.ndarray, dict[str, np.ndarray]]:
+    """On ``reader``: the run's float64 positions and float32 arrays (or the error); elsewhere nothing."""
+    arrays: dict[str, np.ndarray] = {}
+    pos64 = np.zeros((0, 3))
+    if job.rank != reader:
+        return None, pos64, arrays
+    try:
+        raw = job.source.read_surface(run) if kind == "surface" else job.source.read_volume(run)
+        pos64 = np.ascontiguousarray(raw["pos"], dtype=np.float64)
+        arrays = {k: np.ascontiguousarray(raw[k], dtype=np.float32) for k in names}
+    except Exception as exc:  # one bad run must not stop the others
+        return _error_text(exc), np.zeros((0, 3)), {}
+    return None, pos64, arrays
+
+
+def _agree_layout(
+    job: _Job, pos64: np.ndarray, arrays: dict[str, np.ndarray], names: list[str], reader: int
+) -> tuple[int, dict[str, int], dict[str, int]]:
+    """The reader's point count and each array's ndim and width, on every rank (one all-reduce)."""
+    shape = torch.zeros(1 + 2 * len(names), dtype=torch.long)
+    if job.rank == reader:
+        shape[0] = pos64.shape[0]
+        for i, name in enumerate(names):
+            shape[1 + 2 * i] = arrays[name].ndim
+            shape[2 + 2 * i] = 1 if arrays[name].ndim == 1 else arrays[name].shape[1]
+    shape = comm.all_reduce_(shape, job.group).tolist()
+    ndims = {name: shape[1 + 2 * i] for i, name in enumerate(names)}
+    widths = {name: shape[2 + 2 * i] for i, name in enumerate(names)}
+    return shape[0], ndims, widths
+
+
+def _chain_rows(
+    job: _Job, x: Any, payload: np.ndarray, chain: tuple[int, ...], num_points: int
+) -> tuple[np.ndarray, np.ndarray, int, dict[int, list[int]]]:
+    """This rank's rows in the partition order of ``chain``: payload rows, original ids, global offset, sizes."""
+    levels = [p for p in chain if p > 1]
+    chain_sizes = {1: [num_points]}
+    if not levels:  # P = 1 only: the original order, written by the reader
+        return payload, np.arange(payload.shape[0], dtype=np.int64), 0, chain_sizes
+    moved_payload = torch.from_numpy(payload)
+    _, ids, moved, part_sizes = job.repartition_fn(x, job.method, num_parts=levels[-1], payload=moved_payload)
+    for p in levels:
+        k = levels[-1] // p
+        chain_sizes[p] = [sum(part_sizes[i * k : (i + 1) * k]) for i in range(p)]
+    return moved.numpy(), ids.to_local().numpy(), offsets_of(ids.sharding_sizes)[job.rank], chain_sizes
 
 
 def _unpack(rows: np.ndarray, names: list[str], ndims: dict[str, int], widths: dict[str, int]) -> dict[str, np.ndarray]:
@@ -314,7 +346,7 @@ def _write_rows(
                 mm = np.lib.format.open_memmap(order_dir / f"{name}.npy", mode="w+", dtype=local.dtype, shape=shape)
                 del mm
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = _error_text(exc)
     if (error := _first_error(error, group)) is not None:
         return error
     try:
@@ -325,5 +357,5 @@ def _write_rows(
                 mm.flush()
                 del mm
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = _error_text(exc)
     return _first_error(error, group)
