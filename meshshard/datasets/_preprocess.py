@@ -101,6 +101,15 @@ class PreprocessReport:
     def ok(self) -> bool:
         return not self.failed
 
+    def record(self, run: int, error: str | None, cells: Mapping[str, int]) -> None:
+        """Count ``run`` as processed (adding its cells per kind), or as failed with ``error``."""
+        if error is not None:
+            self.failed[run] = error
+            return
+        self.processed.append(run)
+        for kind, n in cells.items():
+            self.cells[kind] = self.cells.get(kind, 0) + n
+
 
 @dataclass(frozen=True)
 class _Task:
@@ -421,8 +430,6 @@ def preprocess(
         Processed, skipped and failed runs (with the error of each failed run). Failures are
         also reported as a ``UserWarning``; the other runs and ``meta.json`` are still written.
     """
-    from tqdm.auto import tqdm
-
     started = time.perf_counter()
     parts = check_args(parts, method, surface, volume, workers, chunk_size)
     sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
@@ -432,15 +439,7 @@ def preprocess(
     field_names = {"surface": reader.surface_fields, "volume": reader.volume_fields}
     field_names = {k: tuple(v) for k, v in field_names.items() if k in kinds}
     chains = tuple(tuple(c) for c in divisor_chains(parts))
-    config = {
-        "method": method,
-        "chains": [list(c) for c in chains],
-        "kinds": list(kinds),
-        "fields": field_names,
-    }
-    if source != "drivaerml":
-        config["source"] = source
-    config = json.loads(json.dumps(config))  # the form it takes in run.json, for comparison
+    config = store_config(method, chains, kinds, field_names, source)
     split = split_runs(reader.runs, splits, seed)
 
     store = Path(store_dir)
@@ -475,6 +474,41 @@ def preprocess(
                 )  # fmt: skip
             )
 
+    results = _run_tasks(todo, workers, progress)
+    for run, error, cells in sorted(results, key=lambda r: r[0]):
+        report.record(run, error, cells)
+
+    write_meta(store, reader, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
+    report.seconds = time.perf_counter() - started
+    if report.failed:
+        lines = "; ".join(f"run {r}: {msg}" for r, msg in report.failed.items())
+        warnings.warn(f"preprocess: {len(report.failed)} run(s) failed and were left out: {lines}", stacklevel=2)
+    return report
+
+
+def store_config(
+    method: str,
+    chains: tuple[tuple[int, ...], ...],
+    kinds: tuple[str, ...],
+    field_names: Mapping[str, Sequence[str]],
+    source: str = "drivaerml",
+) -> dict[str, Any]:
+    """A run's configuration as ``run.json`` holds it (JSON types): a run is redone when it differs."""
+    config: dict[str, Any] = {
+        "method": method,
+        "chains": [list(c) for c in chains],
+        "kinds": list(kinds),
+        "fields": field_names,
+    }
+    if source != "drivaerml":
+        config["source"] = source
+    return json.loads(json.dumps(config))  # the form it takes in run.json, for comparison
+
+
+def _run_tasks(todo: list[_Task], workers: int, progress: bool) -> list[tuple[int, str | None, dict[str, int]]]:
+    """``(run, error, cells)`` of every task: in this process, or over ``workers`` spawned processes."""
+    from tqdm.auto import tqdm
+
     bar = tqdm(total=len(todo), desc="preprocess", unit="run", disable=not progress or not todo)
     results: list[tuple[int, str | None, dict[str, int]]] = []
     if workers == 1 or len(todo) <= 1:
@@ -501,21 +535,7 @@ def preprocess(
                     results.append((futures[future], f"{type(err).__name__}: {err}{hint}", {}))
                 bar.update()
     bar.close()
-
-    for run, error, cells in sorted(results, key=lambda r: r[0]):
-        if error is None:
-            report.processed.append(run)
-            for kind, n in cells.items():
-                report.cells[kind] = report.cells.get(kind, 0) + n
-        else:
-            report.failed[run] = error
-
-    write_meta(store, reader, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
-    report.seconds = time.perf_counter() - started
-    if report.failed:
-        lines = "; ".join(f"run {r}: {msg}" for r, msg in report.failed.items())
-        warnings.warn(f"preprocess: {len(report.failed)} run(s) failed and were left out: {lines}", stacklevel=2)
-    return report
+    return results
 
 
 def write_meta(

@@ -26,7 +26,6 @@ error on every rank).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -42,7 +41,15 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .. import comm
 from .._sizes import offsets_of
-from ._preprocess import PreprocessReport, check_args, order_key, read_run_info, sdf_to_stl, write_meta
+from ._preprocess import (
+    PreprocessReport,
+    check_args,
+    order_key,
+    read_run_info,
+    sdf_to_stl,
+    store_config,
+    write_meta,
+)
 from ._sdf import resolve_backend
 from ._store import FieldStats, atomic_write_json, divisor_chains, recover_dir, replace_dir, split_runs
 from .drivaerml import DrivaerML
@@ -116,8 +123,7 @@ def preprocess_distributed(
     source = DrivaerML(data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
     field_names = {"surface": source.surface_fields, "volume": source.volume_fields}
     field_names = {k: tuple(v) for k, v in field_names.items() if k in kinds}
-    config = {"method": method, "chains": [list(c) for c in chains], "kinds": list(kinds), "fields": field_names}
-    config = json.loads(json.dumps(config))
+    config = store_config(method, chains, kinds, field_names)
     split = split_runs(source.runs, splits, seed)
 
     store = Path(store_dir)
@@ -143,14 +149,9 @@ def preprocess_distributed(
         tmp = runs_dir / f".tmp-run_{run}-ranks{world}"
         reader = j % world
         error, cells = _run(job, run, tmp, runs_dir, reader)
-        if error is None:
-            report.processed.append(run)
-            for kind, n in cells.items():
-                report.cells[kind] = report.cells.get(kind, 0) + n
-        else:
-            report.failed[run] = error
-            if rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
+        report.record(run, error, cells)
+        if error is not None and rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         _barrier(group)
     if rank == 0:
         write_meta(store, source, split, report, config, parts, chains, kinds, seed, splits, sdf_backend)
