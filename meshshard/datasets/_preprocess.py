@@ -433,11 +433,10 @@ def preprocess(
     started = time.perf_counter()
     parts = check_args(parts, method, surface, volume, workers, chunk_size)
     sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
-    kinds = tuple(k for k, on in (("surface", surface), ("volume", volume)) if on)
+    kinds = selected_kinds(surface, volume)
     reader = _open_source(source, data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
     variables = reader.variables if isinstance(reader, CuratorDrivaerML) else None
-    field_names = {"surface": reader.surface_fields, "volume": reader.volume_fields}
-    field_names = {k: tuple(v) for k, v in field_names.items() if k in kinds}
+    field_names = stored_fields(reader, kinds)
     chains = tuple(tuple(c) for c in divisor_chains(parts))
     config = store_config(method, chains, kinds, field_names, source)
     split = split_runs(reader.runs, splits, seed)
@@ -484,6 +483,17 @@ def preprocess(
         lines = "; ".join(f"run {r}: {msg}" for r, msg in report.failed.items())
         warnings.warn(f"preprocess: {len(report.failed)} run(s) failed and were left out: {lines}", stacklevel=2)
     return report
+
+
+def selected_kinds(surface: bool, volume: bool) -> tuple[str, ...]:
+    """The kinds a store holds, in store order: ``("surface",)``, ``("volume",)`` or both."""
+    return tuple(k for k, on in (("surface", surface), ("volume", volume)) if on)
+
+
+def stored_fields(reader: Any, kinds: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The field names ``reader`` yields for each stored kind (``surface_fields``/``volume_fields``)."""
+    names = {"surface": reader.surface_fields, "volume": reader.volume_fields}
+    return {k: tuple(v) for k, v in names.items() if k in kinds}
 
 
 def store_config(

@@ -47,7 +47,9 @@ from ._preprocess import (
     order_key,
     read_run_info,
     sdf_to_stl,
+    selected_kinds,
     store_config,
+    stored_fields,
     write_meta,
 )
 from ._sdf import resolve_backend
@@ -119,10 +121,9 @@ def preprocess_distributed(
                 f"morton/hilbert (got parts {list(parts)} with rcb: chain {list(chain)} is partitioned level by level)"
             )
     sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
-    kinds = tuple(k for k, on in (("surface", surface), ("volume", volume)) if on)
+    kinds = selected_kinds(surface, volume)
     source = DrivaerML(data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
-    field_names = {"surface": source.surface_fields, "volume": source.volume_fields}
-    field_names = {k: tuple(v) for k, v in field_names.items() if k in kinds}
+    field_names = stored_fields(source, kinds)
     config = store_config(method, chains, kinds, field_names)
     split = split_runs(source.runs, splits, seed)
 
