@@ -23,6 +23,7 @@ CROSS_CUTTING = {
     "test_bad_input.py": "every public entry point (from the modules' __all__) fed bad input",
     "test_properties.py": "hypothesis properties of ShardTensor and neighbour search across world sizes",
     "test_layers.py": "the module-level import graph of the whole package",
+    "test_function_size.py": "the length of every function of the package",
     "test_readme.py": "runs every Python block of README.md",
     "test_first_hour.py": "a new user's first hour: install, CLI, messages, examples",
     "test_test_layout.py": "this check",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,67 +74,92 @@ def write_curator_runs(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     q = air_density * stream_velocity**2
+    constants = {"air_density": air_density, "stream_velocity": stream_velocity}
     written = []
     for run in raw.runs:
-        body = trimesh.load(raw.stl_path(run), force="mesh")
-        vertices = np.asarray(body.vertices, dtype=np.float32)
-        arrays: dict[str, np.ndarray] = {
-            "stl_coordinates": vertices,
-            "stl_faces": np.asarray(body.faces).reshape(-1).astype(np.float32),
-            "stl_centers": np.asarray(body.triangles_center, dtype=np.float32),
-            "stl_areas": np.asarray(body.area_faces, dtype=np.float32),
-        }
+        arrays = _stl_arrays(trimesh.load(raw.stl_path(run), force="mesh"))
+        vertices = arrays["stl_coordinates"]
         if surface:
-            s = raw.read_surface(run)
-            fields = np.concatenate([s[n].reshape(len(s[n]), -1).astype(np.float32) for n in surface_vars], axis=1)
-            normals = s["normals"] / np.linalg.norm(s["normals"], axis=1, keepdims=True)
-            arrays |= {
-                "surface_mesh_centers": s["pos"].astype(np.float32),
-                "surface_normals": normals.astype(np.float32),
-                "surface_areas": s["areas"].astype(np.float32),
-                "surface_fields": (fields / np.float32(q)).astype(np.float32),
-            }
+            arrays |= _surface_arrays(raw.read_surface(run), surface_vars, q)
         if volume:
-            v = raw.read_volume(run)
-            fields = np.concatenate([v[n].reshape(len(v[n]), -1).astype(np.float32) for n in volume_vars], axis=1)
-            length = np.float32((vertices.max(0) - vertices.min(0)).max())
-            fields[:, :3] /= np.float32(stream_velocity)
-            fields[:, 3:4] /= np.float32(q)
-            fields[:, 4:] /= np.float32(stream_velocity) * length
-            shuffle = volume_shuffle(len(fields))
-            arrays |= {
-                "volume_mesh_centers": v["pos"].astype(np.float32)[shuffle],
-                "volume_fields": fields[shuffle],
-            }
+            arrays |= _volume_arrays(raw.read_volume(run), volume_vars, vertices, q, stream_velocity)
         name = f"run_{run}"
-        lo, hi = vertices.min(0).tolist(), vertices.max(0).tolist()
-        meta = {
-            "filename": name,
-            "dataset_type": "combined" if surface and volume else ("surface" if surface else "volume"),
-            "x_bound": [lo[0], hi[0]],
-            "y_bound": [lo[1], hi[1]],
-            "z_bound": [lo[2], hi[2]],
-            "num_points": len(vertices),
-            "num_faces": len(arrays["stl_faces"]),
-            "decimation_reduction": None,
-            "decimation_algo": None,
-        }
-        constants = {"air_density": air_density, "stream_velocity": stream_velocity}
+        meta = _run_meta(name, vertices, arrays, surface, volume)
         if fmt == "zarr":
-            import zarr
-
             path = out / f"{name}.zarr"
             meta |= {"physics_constants": constants} if metadata_version == "1.1" else constants
-            meta["zarr_format"] = zarr.__version__
-            group = zarr.open_group(zarr.storage.LocalStore(path), mode="w")
-            group.attrs.update(meta)
-            codec = zarr.codecs.BloscCodec(cname="zstd", clevel=5, shuffle=zarr.codecs.BloscShuffle.shuffle)
-            for key, values in arrays.items():
-                chunks, shards = _zarr_layout(values, chunk_mb, chunks_per_shard)
-                group.create_array(name=key, data=values, chunks=chunks, shards=shards, compressors=codec)
+            _write_zarr(path, meta, arrays, chunk_mb, chunks_per_shard)
         else:
             path = out / f"{name}.npz"
             with open(path, "wb") as f:
                 np.savez(f, **arrays, filename=name, **constants)
         written.append(path)
     return written
+
+
+def _stl_arrays(body: Any) -> dict[str, np.ndarray]:
+    """The body's STL arrays as the curator stores them (float32, faces flattened)."""
+    return {
+        "stl_coordinates": np.asarray(body.vertices, dtype=np.float32),
+        "stl_faces": np.asarray(body.faces).reshape(-1).astype(np.float32),
+        "stl_centers": np.asarray(body.triangles_center, dtype=np.float32),
+        "stl_areas": np.asarray(body.area_faces, dtype=np.float32),
+    }
+
+
+def _surface_arrays(s: Mapping[str, np.ndarray], names: Sequence[str], q: float) -> dict[str, np.ndarray]:
+    """Surface centres, unit normals, areas and the fields over the dynamic pressure ``q``."""
+    fields = np.concatenate([s[n].reshape(len(s[n]), -1).astype(np.float32) for n in names], axis=1)
+    normals = s["normals"] / np.linalg.norm(s["normals"], axis=1, keepdims=True)
+    return {
+        "surface_mesh_centers": s["pos"].astype(np.float32),
+        "surface_normals": normals.astype(np.float32),
+        "surface_areas": s["areas"].astype(np.float32),
+        "surface_fields": (fields / np.float32(q)).astype(np.float32),
+    }
+
+
+def _volume_arrays(
+    v: Mapping[str, np.ndarray], names: Sequence[str], vertices: np.ndarray, q: float, stream_velocity: float
+) -> dict[str, np.ndarray]:
+    """Volume centres and non-dimensional fields (velocity, pressure, turbulent viscosity), shuffled."""
+    fields = np.concatenate([v[n].reshape(len(v[n]), -1).astype(np.float32) for n in names], axis=1)
+    length = np.float32((vertices.max(0) - vertices.min(0)).max())
+    fields[:, :3] /= np.float32(stream_velocity)
+    fields[:, 3:4] /= np.float32(q)
+    fields[:, 4:] /= np.float32(stream_velocity) * length
+    shuffle = volume_shuffle(len(fields))
+    return {"volume_mesh_centers": v["pos"].astype(np.float32)[shuffle], "volume_fields": fields[shuffle]}
+
+
+def _run_meta(
+    name: str, vertices: np.ndarray, arrays: Mapping[str, np.ndarray], surface: bool, volume: bool
+) -> dict[str, Any]:
+    """The curator's per-run metadata: file name, kind, body bounds and STL sizes."""
+    lo, hi = vertices.min(0).tolist(), vertices.max(0).tolist()
+    return {
+        "filename": name,
+        "dataset_type": "combined" if surface and volume else ("surface" if surface else "volume"),
+        "x_bound": [lo[0], hi[0]],
+        "y_bound": [lo[1], hi[1]],
+        "z_bound": [lo[2], hi[2]],
+        "num_points": len(vertices),
+        "num_faces": len(arrays["stl_faces"]),
+        "decimation_reduction": None,
+        "decimation_algo": None,
+    }
+
+
+def _write_zarr(
+    path: Path, meta: dict[str, Any], arrays: Mapping[str, np.ndarray], chunk_mb: float, chunks_per_shard: int
+) -> None:
+    """One run's Zarr group: the metadata as attributes, each array Blosc-zstd compressed, chunked and sharded."""
+    import zarr
+
+    meta = {**meta, "zarr_format": zarr.__version__}
+    group = zarr.open_group(zarr.storage.LocalStore(path), mode="w")
+    group.attrs.update(meta)
+    codec = zarr.codecs.BloscCodec(cname="zstd", clevel=5, shuffle=zarr.codecs.BloscShuffle.shuffle)
+    for key, values in arrays.items():
+        chunks, shards = _zarr_layout(values, chunk_mb, chunks_per_shard)
+        group.create_array(name=key, data=values, chunks=chunks, shards=shards, compressors=codec)
