@@ -24,8 +24,9 @@ Timeouts: a collective blocked on a rank that is alive but stuck fails after the
 timeout (``meshshard.init_mesh(timeout=...)``, default ``MESHSHARD_TIMEOUT`` or 300 s); a dead
 rank's peers fail as soon as the backend sees the connection drop (immediately with gloo).
 
-Nothing here costs anything on the success path beyond one boolean test per collective: notes are
-written only when an exception is already propagating. A rank that reported a failure and then
+On the success path this costs one boolean test per collective and one context-variable set and reset
+per sharded op (the op being run, which a failure message names): notes are written only when an
+exception is already propagating. A rank that reported a failure and then
 completes a collective retracts its note (the group moved on, e.g. the exception was caught on
 every rank), so stale notes do not blame a rank for a later, unrelated failure.
 """
@@ -33,6 +34,7 @@ every rank), so stale notes do not blame a rank for a later, unrelated failure.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import time
@@ -40,7 +42,6 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ._op_names import op_name
@@ -53,7 +54,7 @@ __all__ = [
     "fault_wait_s",
     "install_excepthook",
     "report_failure",
-    "register_op_entry",
+    "running_op",
     "report_failures",
     "retract_stale_report",
 ]
@@ -66,23 +67,38 @@ _MAX_MESSAGE = 400
 #: True while this process has a culprit note in the store (retracted by the next good collective).
 _REPORTED = False
 
-#: Code objects of the functions through which sharded ops enter (``ShardTensor.__torch_function__``):
-#: a failing collective's context names the ``func`` of the innermost such frame (see :func:`register_op_entry`).
-_OP_ENTRIES: set = set()
+#: The torch op a sharded op entry (``ShardTensor.__torch_function__``) is running, innermost first: a
+#: failing collective's message names it. Set by :func:`enter_op`, or by :func:`running_op` for entries of
+#: one's own.
+_CURRENT_OP: contextvars.ContextVar[Any] = contextvars.ContextVar("meshshard_current_op", default=None)
 
 #: Modules of this package that are machinery, not callers worth naming: ``<package>.<first part>``.
 _PACKAGE = __name__.partition(".")[0]
 _MACHINERY = {f"{_PACKAGE}.{part}" for part in ("comm", "faults", "tensor", "testing")}
 
 
-def register_op_entry(function: Any) -> Any:
-    """Declare ``function`` (a function or classmethod whose local ``func`` is the torch op it runs) an op entry.
+def enter_op(func: Any) -> contextvars.Token:
+    """Mark ``func`` as the op being run (until :func:`exit_op` with the returned token): the dispatcher's hook."""
+    return _CURRENT_OP.set(func)
 
-    A failing collective's message then names the op being run in the innermost such call
-    (``all_reduce (in torch.Tensor.mean, ...)``). Returns ``function`` (usable as a decorator).
+
+def exit_op(token: contextvars.Token) -> None:
+    """Restore the op that ran before the matching :func:`enter_op`."""
+    _CURRENT_OP.reset(token)
+
+
+@contextlib.contextmanager
+def running_op(func: Any) -> Iterator[None]:
+    """Within the block, a failing collective's message names ``func`` as the op being run.
+
+    ``ShardTensor`` ops do this themselves (``all_reduce (in torch.Tensor.mean, ...)``); use it for an
+    op entry of your own that issues collectives.
     """
-    _OP_ENTRIES.add(getattr(function, "__func__", function).__code__)
-    return function
+    token = enter_op(func)
+    try:
+        yield
+    finally:
+        exit_op(token)
 
 
 def fault_wait_s() -> float:
@@ -200,27 +216,33 @@ def _retract() -> None:
 
 
 def _context() -> str:
-    """Where the failing collective was issued: the innermost sharded op and model layer."""
-    op = layer = caller = None
-    frame = sys._getframe(2)
-    while frame is not None and not (op and layer):
+    """Where the failing collective was issued: the op being run, the innermost caller in this package, the layer.
+
+    The op comes from :data:`_CURRENT_OP`. The caller and the layer are read from the names of the
+    functions on the stack (their qualified names: ``PhysicsAttention.forward`` is the class that
+    defines the ``forward``); no frame's local variables are read.
+    """
+    func = _CURRENT_OP.get()
+    op = op_name(func) if func is not None else None
+    layer = caller = None
+    frame = sys._getframe(1)
+    while frame is not None and (layer is None or caller is None):
         code = frame.f_code
+        name = getattr(code, "co_qualname", code.co_name)
         module = str(frame.f_globals.get("__name__", ""))
-        if op is None and code in _OP_ENTRIES:
-            func = frame.f_locals.get("func")
-            if func is not None:
-                op = op_name(func)
-        elif layer is None and code.co_name == "forward" and isinstance(frame.f_locals.get("self"), torch.nn.Module):
-            layer = f"{type(frame.f_locals['self']).__name__}.forward"
-        elif (
-            caller is None
-            and module.startswith(f"{_PACKAGE}.")
-            and ".".join(module.split(".")[:2]) not in _MACHINERY
-        ):
-            caller = getattr(code, "co_qualname", code.co_name)
+        machinery = ".".join(module.split(".")[:2]) in _MACHINERY
+        if layer is None and not machinery and _is_layer_forward(code, name):
+            layer = name.rsplit(".<locals>.", 1)[-1]
+        elif caller is None and not machinery and module.startswith(f"{_PACKAGE}."):
+            caller = name
         frame = frame.f_back
     parts = [f"in {p}" for p in (op, caller, layer) if p]
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def _is_layer_forward(code: Any, qualname: str) -> bool:
+    """Whether ``code`` is a module's ``forward`` method (``self`` first: an autograd Function's has ``ctx``)."""
+    return code.co_name == "forward" and "." in qualname and code.co_argcount >= 1 and code.co_varnames[0] == "self"
 
 
 def _read(store: Any, key: str) -> str | None:

@@ -235,3 +235,24 @@ def test_store_run_folder_replacement_crash_keeps_a_readable_run(tmp_path, monke
         _store.replace_dir(new, final)
     monkeypatch.undo()
     assert json.loads((final / "run.json").read_text())["v"] == 1  # rolled back: the previous run
+
+
+def test_the_context_names_the_running_op_and_the_layer_without_reading_frame_locals():
+    from meshshard import faults
+
+    class _Layer(torch.nn.Module):
+        def forward(self, x):
+            return faults._context()
+
+    class _Fn(torch.autograd.Function):  # an autograd Function's forward is not a layer
+        @staticmethod
+        def forward(ctx, x):
+            return faults._context()
+
+    assert faults._context() == ""
+    with faults.running_op(torch.Tensor.mean):
+        assert faults._context() == " (in torch.Tensor.mean)"
+        with faults.running_op(torch.add):  # the innermost op wins, and the outer one comes back
+            assert "in torch.add" in _Layer()(None) and "_Layer.forward" in _Layer()(None)
+        assert _Fn.forward(None, None) == " (in torch.Tensor.mean)"
+    assert faults._context() == ""

@@ -34,7 +34,7 @@ costs a dictionary lookup per op. Replicated ``DTensor`` weights take part throu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -258,16 +258,25 @@ class ShardTensor(torch.Tensor):
         meta = _GLOBAL_META.get(func)
         if meta is not None:  # shape queries: answered from the spec, identical on every rank
             return meta(*args, **(kwargs or {}))
+        if tracing():
+            return _dispatch_any(func, args, kwargs)
+        token = faults.enter_op(func)  # a failing collective's message names the op
         try:
-            if func in _AUTOGRAD_ENTRY:
-                return autograd_entry(func, args, kwargs or {})
-            if _has_dtensor(args, kwargs):
-                args, kwargs = _dtensors_to_local(func, args, kwargs or {})
-            return dispatch(func, args, kwargs or {})
+            return _dispatch_any(func, args, kwargs)
         except Exception as exc:  # name this rank as the culprit for peers blocked in a collective
-            if not tracing():
-                faults.report_failure(exc, op_name(func))
+            faults.report_failure(exc, op_name(func))
             raise
+        finally:
+            faults.exit_op(token)
+
+
+def _dispatch_any(func: Callable, args: tuple, kwargs: dict | None) -> Any:
+    """A ShardTensor op: through autograd's entry (backward, grad), or the sharding rules."""
+    if func in _AUTOGRAD_ENTRY:
+        return autograd_entry(func, args, kwargs or {})
+    if _has_dtensor(args, kwargs):
+        args, kwargs = _dtensors_to_local(func, args, kwargs or {})
+    return dispatch(func, args, kwargs or {})
 
 
 def _spec_of(x: ShardTensor) -> ShardSpec:
@@ -439,8 +448,12 @@ class ReplicatedTensor(torch.Tensor):
         if inspected_by_compiler():
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **(kwargs or {}))
-        if func in _AUTOGRAD_ENTRY:
-            return autograd_entry(func, args, kwargs or {})
+        if func in _AUTOGRAD_ENTRY:  # backward/grad: the collectives of the backward pass run inside
+            token = faults.enter_op(func)
+            try:
+                return autograd_entry(func, args, kwargs or {})
+            finally:
+                faults.exit_op(token)
         if not all(issubclass(cls, t) for t in types):
             return NotImplemented
         with torch._C.DisableTorchFunctionSubclass():
@@ -649,5 +662,3 @@ def scatter(
 register_method_binding()
 
 # failing collectives name the op that ran them (faults._context): these are the entries of sharded ops
-faults.register_op_entry(ShardTensor.__torch_function__)
-faults.register_op_entry(ReplicatedTensor.__torch_function__)
