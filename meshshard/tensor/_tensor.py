@@ -660,5 +660,3 @@ def scatter(
 
 
 register_method_binding()
-
-# failing collectives name the op that ran them (faults._context): these are the entries of sharded ops
