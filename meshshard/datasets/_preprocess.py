@@ -230,7 +230,12 @@ def _process_run(task: _Task) -> tuple[int, str | None, dict[str, int]]:
         return task.run, None, cells
     except Exception as err:  # one bad run must not stop the others
         shutil.rmtree(tmp, ignore_errors=True)
-        return task.run, f"{type(err).__name__}: {err}", {}
+        return task.run, run_error(err), {}
+
+
+def run_error(exc: BaseException) -> str:
+    """How a failed run's error is reported and stored: ``"<ExceptionType>: <message>"``."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _open_source(source: str, data_dir: Any, **kwargs: Any) -> DrivaerML | CuratorDrivaerML:
@@ -542,7 +547,7 @@ def _run_tasks(todo: list[_Task], workers: int, progress: bool) -> list[tuple[in
                         " (a worker process died: out of memory? When calling preprocess from a script,"
                         " guard it with `if __name__ == '__main__':`, as spawned workers import it again)"
                     )
-                    results.append((futures[future], f"{type(err).__name__}: {err}{hint}", {}))
+                    results.append((futures[future], run_error(err) + hint, {}))
                 bar.update()
     bar.close()
     return results

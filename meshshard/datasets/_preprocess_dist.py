@@ -46,6 +46,7 @@ from ._preprocess import (
     check_args,
     order_key,
     read_run_info,
+    run_error,
     sdf_to_stl,
     selected_kinds,
     store_config,
@@ -180,10 +181,6 @@ class _Job:
     repartition_fn: Callable[..., Any]
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _run(job: _Job, run: int, tmp: Path, runs_dir: Path, reader: int) -> tuple[str | None, dict[str, int]]:
     """Process one run on every rank; returns the first rank's error (same on every rank) and cell counts."""
     cells: dict[str, int] = {}
@@ -193,7 +190,7 @@ def _run(job: _Job, run: int, tmp: Path, runs_dir: Path, reader: int) -> tuple[s
         try:
             tmp.mkdir(parents=True)
         except OSError as exc:
-            error = _error_text(exc)
+            error = run_error(exc)
     if (error := _first_error(error, job.group)) is not None:
         return error, cells
     for kind in job.kinds:
@@ -208,7 +205,7 @@ def _run(job: _Job, run: int, tmp: Path, runs_dir: Path, reader: int) -> tuple[s
             atomic_write_json(tmp / "run.json", info)
             replace_dir(tmp, runs_dir / f"run_{run}")
         except Exception as exc:
-            error = _error_text(exc)
+            error = run_error(exc)
     return _first_error(error, job.group), cells
 
 
@@ -246,7 +243,7 @@ def _run_kind(job: _Job, run: int, kind: str, tmp: Path, reader: int) -> tuple[s
                 )
             local.pop("_pos64", None)
         except Exception as exc:
-            error = _error_text(exc)
+            error = run_error(exc)
         if (error := _first_error(error, job.group)) is not None:
             return error, kind_info
         if c == 0:
@@ -273,7 +270,7 @@ def _read_kind(
         pos64 = np.ascontiguousarray(raw["pos"], dtype=np.float64)
         arrays = {k: np.ascontiguousarray(raw[k], dtype=np.float32) for k in names}
     except Exception as exc:  # one bad run must not stop the others
-        return _error_text(exc), np.zeros((0, 3)), {}
+        return run_error(exc), np.zeros((0, 3)), {}
     return None, pos64, arrays
 
 
@@ -348,7 +345,7 @@ def _write_rows(
                 mm = np.lib.format.open_memmap(order_dir / f"{name}.npy", mode="w+", dtype=local.dtype, shape=shape)
                 del mm
         except Exception as exc:
-            error = _error_text(exc)
+            error = run_error(exc)
     if (error := _first_error(error, group)) is not None:
         return error
     try:
@@ -359,5 +356,5 @@ def _write_rows(
                 mm.flush()
                 del mm
     except Exception as exc:
-        error = _error_text(exc)
+        error = run_error(exc)
     return _first_error(error, group)
