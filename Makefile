@@ -39,12 +39,16 @@ setup-peers: $(VENV)/.stamp-peers
 demo: $(VENV)/.stamp-base
 	$(BIN)/meshshard demo
 
+# The suite on TEST_WORKERS pytest-xdist workers (0: in this process); tests/conftest.py groups the tests
+# that must share a worker.
 PEERS ?=
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 test: $(VENV)/.stamp-dev $(if $(PEERS),$(VENV)/.stamp-peers)
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST)
 
 test-peers: $(VENV)/.stamp-peers
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST)
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check meshshard tests benchmarks examples tools

@@ -95,3 +95,16 @@ def test_lazy_names_of_every_package_resolve_and_stay_cached():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_importing_the_library_loads_neither_dynamo_nor_dtensor():
+    """Each rank, worker and CLI run imports meshshard: ``torch._dynamo`` and ``torch.distributed.tensor`` would
+    add about 1.3 s to each. They load only when something compiles or uses a DTensor."""
+    code = (
+        "import sys\n"
+        "import meshshard as ms, meshshard.nn, meshshard.ops, meshshard.tensor, meshshard.datasets\n"
+        "x = ms.tensor.ShardTensor\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch.distributed.tensor') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr)

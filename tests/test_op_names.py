@@ -41,3 +41,17 @@ def test_op_names_have_one_definition_in_the_package():
         if re.search(r"^def _?op_name\(|resolve_name\(", path.read_text(), re.MULTILINE)
     )
     assert defining == ["_op_names.py"]
+
+
+def test_the_compile_constant_mark_is_what_dynamo_sets():
+    """``op_name`` is marked as dynamo's ``assume_constant_result`` would mark it, without importing dynamo."""
+    import torch._dynamo
+
+    from meshshard._op_names import CONSTANT_RESULT_MARK
+
+    def probe():
+        return None
+
+    torch._dynamo.assume_constant_result(probe)
+    assert vars(probe) == {CONSTANT_RESULT_MARK: True}
+    assert getattr(op_name, CONSTANT_RESULT_MARK) is True

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from .. import comm
+from .._lazy import if_imported
 from ..errors import ShardingError
 
 __all__ = ["sync_gradients"]
@@ -57,8 +57,9 @@ def sync_gradients(module: torch.nn.Module, mesh: DeviceMesh, *, domain_dim: int
     if not params:
         return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    dtensor = if_imported("torch.distributed.tensor", "DTensor")  # None: no DTensor exists
     for p in params:
-        grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad  # replicated DTensor weights
+        grad = p.grad.to_local() if dtensor is not None and isinstance(p.grad, dtensor) else p.grad
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for grads in by_dtype.values():
         flat = torch.cat([g.reshape(-1) for g in grads])

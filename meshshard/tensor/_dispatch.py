@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._op_names import op_name
+from .._op_names import constant_result, op_name
 from ..errors import UnsupportedOpError
 
 __all__ = ["register_rule", "dispatch", "bind", "op_name", "func_name", "no_subclass", "has_rule"]
@@ -80,7 +80,7 @@ def has_rule(func: Callable) -> bool:
     return func in _RULES
 
 
-@torch._dynamo.assume_constant_result  # traced code: a function's name is a constant
+@constant_result  # traced code: a function's name is a constant
 def func_name(func: Callable) -> str:
     """``func.__name__`` (``""`` if it has none)."""
     return getattr(func, "__name__", "")

@@ -40,9 +40,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from .. import comm, faults
+from .._lazy import if_imported
 from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
 from ..errors import ShardingError, UnsupportedOpError
@@ -353,17 +353,21 @@ _AUTOGRAD_ENTRY = frozenset((_T.backward, torch.autograd.backward, torch.autogra
 
 
 def _has_dtensor(args, kwargs) -> bool:
+    dtensor = if_imported("torch.distributed.tensor", "DTensor")
+    if dtensor is None:  # not imported by anyone: no DTensor exists
+        return False
     for a in args:
-        if isinstance(a, DTensor):
+        if isinstance(a, dtensor):
             return True
-    return bool(kwargs) and any(isinstance(a, DTensor) for a in kwargs.values())
+    return bool(kwargs) and any(isinstance(a, dtensor) for a in kwargs.values())
 
 
 def _dtensors_to_local(func, args, kwargs):
     """Replicated DTensor weights take part through their local value (differentiably)."""
+    dtensor = if_imported("torch.distributed.tensor", "DTensor")
 
     def conv(a):
-        if not isinstance(a, DTensor):
+        if not isinstance(a, dtensor):
             return a
         if not all(p.is_replicate() for p in a.placements):
             raise UnsupportedOpError(
