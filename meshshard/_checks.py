@@ -3,8 +3,13 @@
 Each takes ``name=`` so the error says which argument was wrong and what was found, e.g.
 ``radius must be positive and finite (got -1.0)`` or ``num_parts must be at least 1 (got 0)``.
 This module imports nothing from meshshard, so the lowest layer (the partitioner) can use it, and
-neither torch nor numpy (numpy's scalars are ``numbers.Real``/``__index__``; a tensor can only be
-passed once torch is imported), so the CLI's ``--help`` stays light.
+neither torch nor numpy at import time (numpy's scalars are ``numbers.Real``/``__index__``; a tensor
+or an array can only be passed once its library is imported), so the CLI's ``--help`` stays light.
+
+Points: :func:`check_points` decides from metadata (type, dtype, shape, allowed ``D``), the same on
+every rank of a ShardTensor; :func:`points_problem` is the verdict on the values of one shard (no
+data, NaN/Inf rows), which :func:`check_finite_points` raises and :func:`meshshard.halo.check_coordinates`
+agrees across ranks.
 """
 
 from __future__ import annotations
@@ -13,8 +18,12 @@ import math
 import numbers
 import operator
 import sys
+from typing import TYPE_CHECKING
 
-__all__ = ["check_positive_int", "check_radius"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["check_finite_points", "check_points", "check_positive_int", "check_radius", "points_problem"]
 
 
 def check_radius(radius: object, name: str = "radius") -> float:
@@ -49,3 +58,91 @@ def check_positive_int(value: object, name: str, *, allow_none: bool = False) ->
     if number < 1:
         raise ValueError(f"{name} must be at least 1 (got {number})")
     return number
+
+
+def _shape_text(dims: tuple[int, ...] | None) -> str:
+    return "(N, D)" if dims is None else " or ".join(f"(N, {d})" for d in dims)
+
+
+def _tensor_of(points: object, name: str, what: str, arrays: bool) -> torch.Tensor:
+    """``points`` as a tensor (a numpy array, when ``arrays``, without a copy), else a ``TypeError``."""
+    import torch
+
+    np = sys.modules.get("numpy")
+    if arrays and np is not None and isinstance(points, np.ndarray):
+        if points.dtype.kind not in "fiu":
+            raise TypeError(f"{name} must hold real numbers (got numpy dtype {points.dtype})")
+        return torch.from_numpy(np.ascontiguousarray(points))
+    if not isinstance(points, torch.Tensor):
+        raise TypeError(f"{name} must be a {what} (got {type(points).__name__})")
+    return points
+
+
+def check_points(
+    points: object,
+    name: str = "points",
+    *,
+    dims: tuple[int, ...] | None = None,
+    arrays: bool = False,
+    integers: bool = False,
+    sharded: bool = False,
+) -> torch.Tensor:
+    """``points`` if it is an ``(N, D)`` tensor of real coordinates, else an error naming ``name``.
+
+    Metadata only (type, dtype, shape; values are :func:`check_finite_points`), so a ShardTensor
+    (a ``torch.Tensor`` whose shape is global) is decided alike on every rank.
+
+    Parameters
+    ----------
+    dims:
+        The allowed ``D`` (e.g. ``(2, 3)``); ``None``: any.
+    arrays:
+        Also accept a ``numpy.ndarray`` (returned as a tensor sharing its memory).
+    integers:
+        Convert integer coordinates to ``float64``; otherwise they are refused. ``bool`` and
+        complex values are always refused.
+    sharded:
+        Only for the message: the caller accepts ShardTensors.
+    """
+    import torch
+
+    kinds = "torch.Tensor or numpy.ndarray" if arrays else "torch.Tensor or ShardTensor" if sharded else "torch.Tensor"
+    shape = _shape_text(dims)
+    points = _tensor_of(points, name, f"{kinds} of shape {shape}", arrays)
+    if not points.is_floating_point():
+        if not integers:
+            raise TypeError(f"{name} must hold floating-point coordinates (got {points.dtype})")
+        if points.is_complex() or points.dtype == torch.bool:
+            raise TypeError(f"{name} must hold real numbers (got {points.dtype})")
+        points = points.to(torch.float64)
+    if points.dim() != 2 or (dims is not None and points.shape[1] not in dims):
+        raise ValueError(f"{name} must have shape {shape} (got {tuple(points.shape)})")
+    return points
+
+
+def points_problem(local: torch.Tensor, name: str = "points", *, first_row: int = 0) -> str | None:
+    """What is wrong with the values of ``(N, D)`` coordinates, or ``None``: data-less or non-finite.
+
+    The verdict for one rank's shard (``first_row``: the shard's first global row, so the message
+    numbers rows as the global tensor does); :func:`check_finite_points` raises it. One reduction,
+    which on CUDA costs one host sync.
+    """
+    import torch
+
+    if local.device.type == "meta":
+        return f"{name} must hold data on a real device such as cpu or cuda (got a tensor on the 'meta' device)"
+    finite = torch.isfinite(local.detach()).all(dim=1)
+    if bool(finite.all()):
+        return None
+    bad = (~finite).nonzero()
+    count = bad.numel()
+    rows = "row" if count == 1 else "rows"
+    return f"{name} must be finite (found {count} {rows} with NaN/Inf, first at row {int(bad[0]) + first_row})"
+
+
+def check_finite_points(points: torch.Tensor, name: str = "points") -> torch.Tensor:
+    """``points`` (``(N, D)``, as :func:`check_points` returns) if its values are finite, else a ``ValueError``."""
+    problem = points_problem(points, name)
+    if problem is not None:
+        raise ValueError(problem)
+    return points

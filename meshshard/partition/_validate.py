@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_finite_points, check_points
 from .._config import PARTITION_METHODS
 
 __all__ = [
@@ -29,33 +30,14 @@ def as_points(points: Any, name: str = "points") -> torch.Tensor:
     """Return ``points`` as a finite floating ``(N, 2)`` or ``(N, 3)`` tensor (no copy if possible).
 
     Accepts a :class:`torch.Tensor`, a :class:`numpy.ndarray`, or an object with a ``pos`` tensor
-    (``torch_geometric.data.Data``). Integer coordinates are converted to ``float64``.
+    (``torch_geometric.data.Data``). Integer coordinates are converted to ``float64``. The checks
+    and their messages are :func:`meshshard._checks.check_points` and ``check_finite_points``.
     """
     if not isinstance(points, torch.Tensor | np.ndarray) and hasattr(points, "pos"):
         points = points.pos
         name = f"{name}.pos"
-    if isinstance(points, np.ndarray):
-        if points.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must hold real numbers (got numpy dtype {points.dtype})")
-        points = torch.from_numpy(np.ascontiguousarray(points))
-    elif not isinstance(points, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor or numpy.ndarray of shape (N, 2) or (N, 3) (got {_type_name(points)})"
-        )
-    if points.dtype == torch.bool or points.is_complex():
-        raise TypeError(f"{name} must hold real numbers (got {points.dtype})")
-    if points.device.type == "meta":
-        raise ValueError(f"{name} must hold data on a real device such as cpu or cuda (got device 'meta')")
-    if not points.is_floating_point():
-        points = points.to(torch.float64)
-    if points.ndim != 2 or points.shape[1] not in (2, 3):
-        raise ValueError(f"{name} must have shape (N, 2) or (N, 3) (got {tuple(points.shape)})")
-    finite = torch.isfinite(points).all(dim=1)
-    if not bool(finite.all()):
-        bad = (~finite).nonzero()
-        raise ValueError(f"{name} must be finite (found {bad.numel()} rows with NaN/Inf, first at row {int(bad[0])})")
-    return points
-
+    points = check_points(points, name, dims=(2, 3), arrays=True, integers=True)
+    return check_finite_points(points, name)
 
 
 def check_method(method: Any) -> str:

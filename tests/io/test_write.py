@@ -332,7 +332,7 @@ def test_bad_paths(tmp_path, cloud, path, error, match):
     [
         ("points.npy", {}, TypeError, r"data must be an \(N, 3\) tensor/array.*\(got str\)"),
         ([[0.0, 0, 0]] * 4, {}, TypeError, r"\(got list\)"),
-        (torch.zeros(4, 4), {}, ValueError, re.escape("data must have shape (N, 3) or (N, 2) (got (4, 4))")),
+        (torch.zeros(4, 4), {}, ValueError, re.escape("data must have shape (N, 2) or (N, 3) (got (4, 4))")),
         (torch.zeros(4, 3, dtype=torch.complex64), {}, TypeError, "data must hold real numbers"),
         ({"x": torch.zeros(4, 3)}, {}, ValueError, "a sample dict needs a 'pos' entry"),
         (torch.zeros(5, 3), {}, ValueError, "partition covers 4 items but data has 5 points"),
