@@ -18,12 +18,23 @@ import math
 import numbers
 import operator
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["check_finite_points", "check_points", "check_positive_int", "check_radius", "points_problem"]
+__all__ = [
+    "check_choice",
+    "check_finite_points",
+    "check_int_sequence",
+    "check_nonnegative",
+    "check_points",
+    "check_positive_int",
+    "check_radius",
+    "nonnegative_problem",
+    "points_problem",
+]
 
 
 def check_radius(radius: object, name: str = "radius") -> float:
@@ -146,3 +157,80 @@ def check_finite_points(points: torch.Tensor, name: str = "points") -> torch.Ten
     if problem is not None:
         raise ValueError(problem)
     return points
+
+
+def check_int_sequence(
+    value: object, name: str, *, minimum: int | None = 0, nonempty: bool = False
+) -> tuple[int, ...]:
+    """``value`` (a sequence, array or 1-D tensor of ints) as a tuple of ints, else an error naming ``name``.
+
+    Integral floats (``2.0``) pass; ``bool``, strings and fractional values are refused. ``minimum``:
+    the smallest allowed entry (``0``: sizes, ``1``: part counts, ``None``: no bound, for a caller
+    that words its own range check); ``nonempty``: refuse an empty sequence.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise TypeError(
+                f"{name} must be a 1-D integer tensor or a sequence of ints (got {value.dtype} "
+                f"of shape {tuple(value.shape)})"
+            )
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__array__"):
+        raise TypeError(f"{name} must be a sequence of ints (got {type(value).__name__})")
+    items = list(value)
+    if nonempty and not items:
+        raise TypeError(f"{name} must be a non-empty sequence of ints (got {value!r})")
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) and not hasattr(v, "__index__"):
+            raise TypeError(f"{name} must hold ints (got {type(v).__name__} in {items!r})")
+        if not hasattr(v, "__index__") and not float(v).is_integer():
+            raise TypeError(f"{name} must hold ints (got {v!r})")
+        out.append(int(v))
+    if minimum is not None and any(v < minimum for v in out):
+        bound = {0: "non-negative", 1: "positive"}.get(minimum, f"at least {minimum}")
+        raise ValueError(f"{name} must be {bound} (got {tuple(out)})")
+    return tuple(out)
+
+
+def check_choice(value: object, name: str, choices: Sequence[object], *, strings: bool = False) -> object:
+    """``value`` if it is one of ``choices``, else ``name must be one of (...) (got ...)``.
+
+    ``strings``: a non-string is a ``TypeError`` (``name must be a string``) rather than a wrong choice.
+    """
+    if strings and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string (got {type(value).__name__})")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)} (got {value!r})")
+    return value
+
+
+def nonnegative_problem(values: torch.Tensor, name: str, *, first_index: int = 0) -> str | None:
+    """What is wrong with real values that must be finite and non-negative (weights, shares), or ``None``.
+
+    ``values``: a real tensor of any shape (counted and indexed flat); ``first_index``: the global
+    index of its first entry when it is one rank's shard. One reduction each (a host sync on CUDA).
+    """
+    import torch
+
+    flat = values.detach().reshape(-1)
+    bad = (~torch.isfinite(flat)).nonzero()
+    if bad.numel():
+        return f"{name} must be finite (found {bad.numel()} NaN/Inf values, first at index {int(bad[0]) + first_index})"
+    neg = (flat < 0).nonzero()
+    if neg.numel():
+        first = int(neg[0])
+        return (
+            f"{name} must be non-negative (found {neg.numel()} negative values, "
+            f"first {float(flat[first])} at index {first + first_index})"
+        )
+    return None
+
+
+def check_nonnegative(values: torch.Tensor, name: str) -> torch.Tensor:
+    """``values`` if finite and non-negative (:func:`nonnegative_problem`), else a ``ValueError``."""
+    problem = nonnegative_problem(values, name)
+    if problem is not None:
+        raise ValueError(problem)
+    return values

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from ._atomic import atomic_write
-from ._checks import check_positive_int
+from ._checks import check_choice, check_positive_int
 from .comm import all_gather_object, all_reduce, barrier, group_rank_and_size
 from .datasets.synthetic import RHO, U_INF, integrate_forces
 from .device_mesh import init_mesh
@@ -151,8 +151,7 @@ class TrainConfig:
             if not isinstance(value, str | os.PathLike):
                 raise TypeError(f"{name} must be a path (got {type(value).__name__})")
             setattr(self, name, os.fspath(value))
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {ARCHS} (got {self.arch!r})")
+        check_choice(self.arch, "arch", ARCHS)
         kind = MeshGraphNetConfig if self.arch == "meshgraphnet" else TransolverConfig
         if self.model_config is None:
             self.model_config = kind()

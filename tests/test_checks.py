@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from meshshard._checks import check_finite_points, check_points, check_positive_int, check_radius, points_problem
+from meshshard._checks import (
+    check_choice,
+    check_finite_points,
+    check_int_sequence,
+    check_nonnegative,
+    check_points,
+    check_positive_int,
+    check_radius,
+    nonnegative_problem,
+    points_problem,
+)
 
 
 @pytest.mark.parametrize("value", [0.5, 2, np.float32(0.25), np.int64(3), torch.tensor(0.5), torch.tensor([1.5])])
@@ -145,3 +155,66 @@ def test_checks_module_imports_neither_torch_nor_numpy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- sequences of ints, choices ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [([3, 0, 2], (3, 0, 2)), ((1,), (1,)), (torch.tensor([4, 5]), (4, 5)), (np.array([2, 2]), (2, 2)), ([2.0], (2,))],
+)
+def test_check_int_sequence_returns_a_tuple_of_python_ints(value, expected):
+    out = check_int_sequence(value, "sizes")
+    assert out == expected and all(type(v) is int for v in out)
+
+
+@pytest.mark.parametrize(
+    "value, options, error, match",
+    [
+        ("12", {}, T, r"^sizes must be a sequence of ints \(got str\)$"),
+        (3, {}, T, r"^sizes must be a sequence of ints \(got int\)$"),
+        (torch.tensor([1.0]), {}, T, r"^sizes must be a 1-D integer tensor or a sequence of ints \(got torch.float32"),
+        (torch.ones(2, 2, dtype=torch.long), {}, T, r"1-D integer tensor .*of shape \(2, 2\)\)$"),
+        ([1, True], {}, T, r"^sizes must hold ints \(got bool in \[1, True\]\)$"),
+        ([1, 2.5], {}, T, r"^sizes must hold ints \(got 2.5\)$"),
+        ([1, "2"], {}, T, r"^sizes must hold ints \(got str in \[1, '2'\]\)$"),
+        ([], {"nonempty": True}, T, r"^sizes must be a non-empty sequence of ints \(got \[\]\)$"),
+        ([2, -1], {}, V, r"^sizes must be non-negative \(got \(2, -1\)\)$"),
+        ([2, 0], {"minimum": 1}, V, r"^sizes must be positive \(got \(2, 0\)\)$"),
+        ([2, 3], {"minimum": 4}, V, r"^sizes must be at least 4 \(got \(2, 3\)\)$"),
+    ],
+)
+def test_check_int_sequence_names_the_argument_and_what_it_found(value, options, error, match):
+    with pytest.raises(error, match=match):
+        check_int_sequence(value, "sizes", **options)
+
+
+def test_check_int_sequence_without_a_minimum_leaves_the_range_to_the_caller():
+    assert check_int_sequence([-1, 5], "new_sizes", minimum=None) == (-1, 5)
+    assert check_int_sequence([], "sizes") == ()
+
+
+def test_check_choice_names_the_choices():
+    assert check_choice("rcb", "method", ("rcb", "morton")) == "rcb"
+    assert check_choice(None, "compression", (None, "zlib")) is None
+    with pytest.raises(ValueError, match=r"^method must be one of \('rcb', 'morton'\) \(got 'kd'\)$"):
+        check_choice("kd", "method", ("rcb", "morton"))
+    with pytest.raises(ValueError, match=r"^method must be one of \('rcb',\) \(got 3\)$"):
+        check_choice(3, "method", ["rcb"])
+    with pytest.raises(TypeError, match=r"^method must be a string \(got int\)$"):
+        check_choice(3, "method", ("rcb",), strings=True)
+
+
+def test_nonnegative_problem_counts_and_locates_the_first_bad_value():
+    assert nonnegative_problem(torch.tensor([0.0, 2.0]), "weights") is None
+    w = torch.tensor([1.0, -2.0, float("nan"), -3.0])
+    assert nonnegative_problem(w, "weights") == "weights must be finite (found 1 NaN/Inf values, first at index 2)"
+    w[2] = 0.0
+    assert nonnegative_problem(w, "weights", first_index=10) == (
+        "weights must be non-negative (found 2 negative values, first -2.0 at index 11)"
+    )
+    with pytest.raises(ValueError, match=r"^fractions must be non-negative \(found 1 negative values, first -0.5 at"):
+        check_nonnegative(torch.tensor([1.5, -0.5]), "fractions")
+    ok = torch.tensor([0.5, 0.5])
+    assert check_nonnegative(ok, "fractions") is ok
