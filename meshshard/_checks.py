@@ -31,26 +31,32 @@ __all__ = [
     "check_nonnegative",
     "check_points",
     "check_positive_int",
+    "check_positive_real",
     "check_radius",
     "nonnegative_problem",
     "points_problem",
 ]
 
 
-def check_radius(radius: object, name: str = "radius") -> float:
-    """``radius`` as a positive finite float, else a ``TypeError``/``ValueError`` naming ``name``.
+def check_positive_real(value: object, name: str, *, zero: bool = False) -> float:
+    """``value`` as a positive (``zero``: non-negative) finite float, else an error naming ``name``.
 
     Accepts Python and numpy real numbers and one-element real tensors; ``bool`` is refused.
     """
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(radius, torch.Tensor) and radius.numel() == 1 and not radius.is_complex():
-        radius = radius.item()
-    if isinstance(radius, bool) or not isinstance(radius, numbers.Real):
-        raise TypeError(f"{name} must be a real number (got {type(radius).__name__})")
-    value = float(radius)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be positive and finite (got {value})")
-    return value
+    if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number (got {type(value).__name__})")
+    number = float(value)
+    if not (math.isfinite(number) and (number >= 0 if zero else number > 0)):
+        raise ValueError(f"{name} must be {'non-negative' if zero else 'positive'} and finite (got {number})")
+    return number
+
+
+def check_radius(radius: object, name: str = "radius") -> float:
+    """``radius`` as a positive finite float (:func:`check_positive_real`), else an error naming ``name``."""
+    return check_positive_real(radius, name)
 
 
 def check_positive_int(value: object, name: str, *, allow_none: bool = False) -> int | None:

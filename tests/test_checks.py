@@ -16,6 +16,7 @@ from meshshard._checks import (
     check_nonnegative,
     check_points,
     check_positive_int,
+    check_positive_real,
     check_radius,
     nonnegative_problem,
     points_problem,
@@ -218,3 +219,16 @@ def test_nonnegative_problem_counts_and_locates_the_first_bad_value():
         check_nonnegative(torch.tensor([1.5, -0.5]), "fractions")
     ok = torch.tensor([0.5, 0.5])
     assert check_nonnegative(ok, "fractions") is ok
+
+
+def test_check_positive_real_with_and_without_zero():
+    assert check_positive_real(2, "lr") == 2.0 and type(check_positive_real(2, "lr")) is float
+    assert check_positive_real(0, "weight_decay", zero=True) == 0.0
+    with pytest.raises(ValueError, match=r"^lr must be positive and finite \(got 0.0\)$"):
+        check_positive_real(0, "lr")
+    with pytest.raises(ValueError, match=r"^weight_decay must be non-negative and finite \(got -1.0\)$"):
+        check_positive_real(-1, "weight_decay", zero=True)
+    with pytest.raises(ValueError, match=r"^weight_decay must be non-negative and finite \(got inf\)$"):
+        check_positive_real(float("inf"), "weight_decay", zero=True)
+    with pytest.raises(TypeError, match=r"^timeout must be a real number \(got str\)$"):
+        check_positive_real("5", "timeout")

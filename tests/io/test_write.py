@@ -105,7 +105,7 @@ def test_compressed_pieces_read_back_exactly_and_are_smaller(tmp_path, compressi
     assert packed.with_name("packed_0.vtp").stat().st_size < raw.with_name("raw_0.vtp").stat().st_size
     mesh = read_partitions(packed)
     np.testing.assert_array_equal(mesh.points, points[np.asarray(mesh.point_data["GlobalPointIds"])])
-    expected = "compression must be one of [None, 'zlib', 'lz4', 'lzma'] (got 'gzip')"
+    expected = "compression must be one of (None, 'zlib', 'lz4', 'lzma') (got 'gzip')"
     with pytest.raises(ValueError, match=re.escape(expected)):
         write_partitions(points, part, tmp_path / "x.pvtp", compression="gzip")
 
