@@ -803,7 +803,12 @@ CASES = [
     ("plan/too many parts", lambda e: ms.planning.plan(num_points=3, parts=4), V, r"^parts \(4\) is more than the 3"),
     ("plan/method", lambda e: ms.planning.plan(num_points=100, parts=2, method="x"), V, r"method must be one of"),
     ("car_cloud/zero points", lambda e: ms.planning.car_cloud(0), V, r"n must be at least 1 \(got 0\)"),
-    ("car_cloud/kind", lambda e: ms.planning.car_cloud(10, kind="wing"), V, r"kind must be 'surface' or 'volume'"),
+    (
+        "car_cloud/kind",
+        lambda e: ms.planning.car_cloud(10, kind="wing"),
+        V,
+        r"kind must be one of \('surface', 'volume'\) \(got 'wing'\)",
+    ),
     ("car_surface_points/negative", lambda e: ms.planning.car_surface_points(-1), V, r"n must be at least 1"),
     (
         "activation_bytes_per_point/zero width",
