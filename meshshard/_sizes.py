@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["offsets_of", "offsets_tensor", "ring_bytes"]
+__all__ = ["offsets_of", "offsets_tensor", "owner_of", "ring_bytes"]
 
 
 def offsets_of(sizes: Sequence[int]) -> tuple[int, ...]:
@@ -27,6 +27,20 @@ def offsets_tensor(sizes: torch.Tensor) -> torch.Tensor:
     offsets = torch.zeros(sizes.numel() + 1, dtype=torch.long, device=sizes.device)
     torch.cumsum(sizes.to(torch.long), 0, out=offsets[1:])
     return offsets
+
+
+def owner_of(ids: torch.Tensor, offsets: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """The part (rank) that owns each global row id: ``r`` with ``offsets[r] <= id < offsets[r + 1]``.
+
+    ``offsets`` as :func:`offsets_of` gives them (``P + 1`` entries from 0); an empty part owns
+    nothing. Returns int64 of ``ids``' shape on its device; an id below 0 gives -1 and one at or past
+    ``offsets[-1]`` gives ``P`` (callers that clamp them do so where they decide it).
+
+    >>> owner_of(torch.tensor([0, 2, 3, 6]), offsets_of([3, 0, 4])).tolist()
+    [0, 0, 2, 2]
+    """
+    offs = torch.as_tensor(offsets, dtype=torch.long, device=ids.device)
+    return torch.searchsorted(offs, ids.to(torch.long).contiguous(), right=True) - 1
 
 
 def ring_bytes(sizes: Sequence[int], row_bytes: int) -> list[int]:

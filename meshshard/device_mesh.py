@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from . import comm
+from ._checks import check_positive_real
 
 __all__ = ["init_mesh", "mesh_device_type", "axis_group_rank", "release_groups", "DEFAULT_TIMEOUT_S"]
 
@@ -142,7 +143,7 @@ def init_mesh(
     if timeout is None and not dist.is_initialized():
         timeout = _env_timeout()
     if timeout is not None:
-        _check_timeout(timeout)
+        check_positive_real(timeout, "timeout")
     if not dist.is_initialized():
         if backend is None:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -171,14 +172,6 @@ def _env_timeout() -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"MESHSHARD_TIMEOUT must be a number of seconds (got {raw!r})") from None
-
-
-def _check_timeout(timeout: object) -> None:
-    """``timeout`` is a positive finite number of seconds, else a ``TypeError``/``ValueError``."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds (got {type(timeout).__name__})")
-    if not (timeout > 0 and timeout < float("inf")):
-        raise ValueError(f"timeout must be positive and finite (got {timeout})")
 
 
 def _mesh_shape(shape: int | tuple[int, ...] | list[int] | None, world: int) -> tuple[int, ...]:

@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 
 from . import comm
-from ._checks import check_radius
+from ._checks import check_finite_points, check_points, check_radius, points_problem
 from ._records import Record
-from ._sizes import ring_bytes
+from ._sizes import owner_of, ring_bytes
 from .errors import ShardingError
 from .kernels import points_near_boxes, points_within, sq_dist
 from .partition import ghost_sets
@@ -44,34 +44,43 @@ __all__ = ["HaloPlan", "HaloReport", "check_coordinates", "simulate_halo"]
 
 
 def check_coordinate_tensor(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
-    """``x`` if it is a floating ``(N, D)`` tensor (values not inspected), else an error naming ``name``."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or ShardTensor (got {type(x).__name__})")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must hold floating-point coordinates (got {x.dtype})")
-    if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (N, D) (got {tuple(x.shape)})")
+    """``x`` if it is a floating ``(N, D)`` tensor, sharded along dim 0 if a ShardTensor, else an error naming ``name``.
+
+    Metadata only (values are not inspected: :func:`check_coordinates`), so every rank decides alike.
+    """
+    check_points(x, name, sharded=True)
+    if isinstance(x, ShardTensor) and x.shard_dim != 0:
+        raise ValueError(f"{name} must be sharded along dim 0, the point dimension (got dim {x.shard_dim})")
     return x
 
 
 def check_coordinates(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
     """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
 
-    A :class:`~meshshard.ShardTensor` is checked on its local shard only (no communication). The
-    finiteness check is one reduction, which on CUDA costs one host sync.
+    A :class:`~meshshard.ShardTensor` is checked on its local shard; the message numbers the first
+    bad row as the global tensor does. The finiteness check is one reduction, which on CUDA costs
+    one host sync.
     """
     check_values(check_coordinate_tensor(x, name), name)
     return x
 
 
 def check_values(x: ShardTensor | torch.Tensor, name: str) -> None:
-    """Reject data-less ('meta') tensors and NaN/Inf values, checking a ShardTensor's local shard."""
-    local = local_of(x).detach()
-    if local.device.type == "meta":
-        raise ValueError(f"{name} must hold data (got a tensor on the 'meta' device)")
-    if not bool(torch.isfinite(local).all()):
-        bad = int((~torch.isfinite(local)).sum())
-        raise ValueError(f"{name} must be finite (got {bad} NaN/Inf values)")
+    """Reject data-less ('meta') tensors and NaN/Inf rows (:func:`meshshard._checks.points_problem`).
+
+    On a ShardTensor each rank checks its shard. Under ``MESHSHARD_VALIDATE=1`` the verdicts are
+    agreed (one small ``all_gather``, :func:`meshshard.comm.agree`), so a bad shard raises the same
+    error on every rank; by default there is no communication and only the bad rank raises.
+    """
+    if not isinstance(x, ShardTensor):
+        check_finite_points(x, name)
+        return
+    spec = x.spec
+    problem = points_problem(x.to_local(), name, first_row=spec.offsets[spec.rank])
+    if comm.validate_enabled():
+        comm.agree(problem, spec.group, error_type=ValueError, what=f"{name} has bad values")
+    elif problem is not None:
+        raise ValueError(f"[rank {spec.rank}] {problem}")
 
 
 # -- pure plan core (no communication) -------------------------------------------------------------
@@ -289,7 +298,7 @@ class HaloPlan:
         spec = points.spec
         group, rank, world = spec.group, spec.rank, spec.num_ranks
         offsets = torch.tensor(spec.offsets, device=local.device)
-        owner = torch.searchsorted(offsets, ghost_ids, right=True) - 1
+        owner = owner_of(ghost_ids, offsets)
         if ghost_ids.numel() and (
             int(ghost_ids[0]) < 0 or int(ghost_ids[-1]) >= int(offsets[-1]) or bool((owner == rank).any())
         ):

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ._checks import check_positive_int, check_radius
+from ._checks import check_choice, check_positive_int, check_radius
 from ._config import TransolverConfig
 from ._records import Record
 from ._sizes import ring_bytes
@@ -93,8 +93,7 @@ def car_cloud(n: int, kind: str = "surface", seed: int = 0) -> torch.Tensor:
     cut placement does not find artificial low-density slabs. Points are i.i.d., so the first
     ``m`` points of a cloud are a random subsample of it.
     """
-    if kind not in _DIMENSION:
-        raise ValueError(f"kind must be 'surface' or 'volume' (got {kind!r})")
+    check_choice(kind, "kind", tuple(_DIMENSION))
     check_positive_int(n, "n")
     rng = np.random.default_rng(seed)
     car = _car()
@@ -306,8 +305,7 @@ class _Counts:
 
 def _check_plan_args(parts: object, kind: str, radius: float | None, sample: int) -> int:
     parts = check_positive_int(parts, "parts")
-    if kind not in _DIMENSION:
-        raise ValueError(f"kind must be 'surface' or 'volume' (got {kind!r})")
+    check_choice(kind, "kind", tuple(_DIMENSION))
     if radius is not None:
         check_radius(radius)
     check_positive_int(sample, "sample")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import pathlib
 import pickle
@@ -44,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ._atomic import atomic_write
-from ._checks import check_positive_int
+from ._checks import check_choice, check_positive_int, check_positive_real
 from .comm import all_gather_object, all_reduce, barrier, group_rank_and_size
 from .datasets.synthetic import RHO, U_INF, integrate_forces
 from .device_mesh import init_mesh
@@ -92,10 +91,6 @@ def _slices(widths: dict[str, int]) -> dict[str, slice]:
 
 
 _TARGET_CHANNELS = _slices(TARGET_CHANNELS)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -151,8 +146,7 @@ class TrainConfig:
             if not isinstance(value, str | os.PathLike):
                 raise TypeError(f"{name} must be a path (got {type(value).__name__})")
             setattr(self, name, os.fspath(value))
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {ARCHS} (got {self.arch!r})")
+        check_choice(self.arch, "arch", ARCHS)
         kind = MeshGraphNetConfig if self.arch == "meshgraphnet" else TransolverConfig
         if self.model_config is None:
             self.model_config = kind()
@@ -164,10 +158,8 @@ class TrainConfig:
         for name in ("steps", "checkpoint_every", "log_every", "dp", "knn_k"):
             check_positive_int(getattr(self, name), name)
         check_positive_int(self.num_points, "num_points", allow_none=True)
-        if not _is_real(self.lr) or not 0 < self.lr < math.inf:
-            raise ValueError(f"lr must be a positive finite number (got {self.lr!r})")
-        if not _is_real(self.weight_decay) or not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"weight_decay must be a non-negative finite number (got {self.weight_decay!r})")
+        check_positive_real(self.lr, "lr")
+        check_positive_real(self.weight_decay, "weight_decay", zero=True)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> TrainConfig:

@@ -215,3 +215,29 @@ def test_simulate_halo_with_other_queries_counts_the_exact_ghosts():
         assert [rep["send_counts"][s][r] for s in range(3)] == torch.bincount(owners, minlength=3).tolist()
         assert rep["num_ghosts"][r] == len(ghosts)
     assert rep["num_owned"] == [100, 0, 140] and rep["send_counts"][1] == [0, 0, 0]
+
+
+def _nan_on_rank_one():
+    import os
+
+    mesh = ms.init_mesh()
+    pts = torch.rand(9, 3, generator=torch.Generator().manual_seed(0))
+    pts[7, 1] = float("nan")  # global row 7: the last row of rank 1 (sizes 4, 4, 1)
+    x = ms.scatter(pts, [4, 4, 1], mesh)
+    os.environ["MESHSHARD_VALIDATE"] = "1"
+    try:
+        HaloPlan.build(x, 0.3)
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        os.environ.pop("MESHSHARD_VALIDATE", None)
+    return None
+
+
+def test_bad_points_on_one_rank_raise_the_same_error_on_every_rank_under_validate():
+    found = run_distributed(_nan_on_rank_one, 3)
+    for rank, message in enumerate(found):
+        assert message == (
+            f"[rank {rank}] points has bad values on rank(s) [1]: rank 1: "
+            "points must be finite (found 1 row with NaN/Inf, first at row 7)"
+        )

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .._checks import check_choice
 from ..errors import DatasetError
 from ._store import NpyHeader, read_rows
 from .drivaerml import open_root
@@ -476,8 +477,7 @@ class CuratorDrivaerML:
         """
         from meshshard.tensor import ShardTensor
 
-        if kind not in _GEOMETRY:
-            raise ValueError(f"kind must be 'surface' or 'volume' (got {kind!r})")
+        check_choice(kind, "kind", tuple(_GEOMETRY))
         if not getattr(self, kind):
             raise ValueError(f"this reader was made with {kind}=False")
         axis = mesh.ndim - 1

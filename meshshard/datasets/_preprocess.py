@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._checks import check_positive_int
+from .._checks import check_choice, check_int_sequence, check_positive_int
 from .._config import PARTITION_METHODS
 from ..errors import DatasetError
 from ._curator import CuratorDrivaerML
@@ -240,11 +240,8 @@ def run_error(exc: BaseException) -> str:
 
 def _open_source(source: str, data_dir: Any, **kwargs: Any) -> DrivaerML | CuratorDrivaerML:
     """The reader of ``source``: raw DrivaerML folders, or a PhysicsNeMo-Curator output folder."""
-    if source == "drivaerml":
-        return DrivaerML(data_dir, **kwargs)
-    if source == "physicsnemo-curator":
-        return CuratorDrivaerML(data_dir, **kwargs)
-    raise ValueError(f"source must be one of {SOURCES} (got {source!r})")
+    check_choice(source, "source", SOURCES)
+    return DrivaerML(data_dir, **kwargs) if source == "drivaerml" else CuratorDrivaerML(data_dir, **kwargs)
 
 
 def _volume_sdf(
@@ -341,14 +338,10 @@ def _refuse_to_drop(
 def check_args(
     parts: Sequence[int], method: str, surface: bool, volume: bool, workers: int, chunk_size: int
 ) -> tuple[int, ...]:
-    if isinstance(parts, int):
+    if isinstance(parts, int) and not isinstance(parts, bool):
         parts = (parts,)
-    if not parts or any(isinstance(p, bool) or not isinstance(p, (int, np.integer)) for p in parts):
-        raise TypeError(f"parts must be a non-empty sequence of ints (got {parts!r})")
-    if min(parts) < 1:
-        raise ValueError(f"parts must be positive (got {list(parts)})")
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS} (got {method!r})")
+    parts = check_int_sequence(parts, "parts", minimum=1, nonempty=True)
+    check_choice(method, "method", _METHODS)
     if not (surface or volume):
         raise ValueError("at least one of surface, volume must be True (got both False)")
     check_positive_int(workers, "workers")

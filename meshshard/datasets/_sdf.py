@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import check_choice, check_positive_int
 
 __all__ = ["SDF_BACKENDS", "signed_distance", "resolve_backend"]
 
@@ -22,8 +22,7 @@ SDF_BACKENDS = ("auto", "igl", "warp")
 
 def resolve_backend(backend: str) -> str:
     """``"auto"`` -> ``"warp"`` when importable, else ``"igl"``; other names are checked."""
-    if backend not in SDF_BACKENDS:
-        raise ValueError(f"sdf_backend must be one of {SDF_BACKENDS} (got {backend!r})")
+    check_choice(backend, "sdf_backend", SDF_BACKENDS)
     if backend == "auto":
         try:
             import warp  # noqa: F401

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_finite_points, check_points
 from ..partition import MeshPartition, Partition, cell_centres, mesh_arrays
 from ..tensor import ShardTensor
 
@@ -110,13 +111,8 @@ def as_numpy(value: Any, name: str) -> np.ndarray:
 
 def _as_points(value: Any, name: str) -> np.ndarray:
     points = as_numpy(value, name)
-    if points.ndim != 2 or points.shape[1] not in (2, 3):
-        raise ValueError(f"{name} must have shape (N, 3) or (N, 2) (got {tuple(points.shape)})")
-    if points.dtype.kind != "f":
-        points = points.astype(np.float64)
-    finite = np.isfinite(points)
-    if not finite.all():
-        raise ValueError(f"{name} must be finite (got {int((~finite).sum())} NaN/Inf values)")
+    points = check_points(points, name, dims=(2, 3), arrays=True, integers=True)
+    points = check_finite_points(points, name).numpy()
     if points.shape[1] == 2:  # VTK points are 3-D: a planar cloud gets z = 0
         points = np.concatenate([points, np.zeros((points.shape[0], 1), dtype=points.dtype)], axis=1)
     return points

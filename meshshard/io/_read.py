@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_points, points_problem
 from ..errors import DatasetError, MeshReadError
 from ..partition import POLY_SECTIONS
 from ._data import Cells, Dataset
@@ -97,12 +98,16 @@ def read_points(path: str | os.PathLike[str]) -> np.ndarray:
         points = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise MeshReadError(f"cannot read {path} as a .npy array ({exc})") from None
-    if points.ndim != 2 or points.shape[1] not in (2, 3) or points.dtype.kind not in "fiu":
-        raise MeshReadError(f"{path} must hold an (N, 3) or (N, 2) numeric array (got {points.dtype} {points.shape})")
+    name = f"{path}: the array"
+    try:
+        coords = check_points(points, name, dims=(2, 3), arrays=True, integers=True)
+    except (TypeError, ValueError) as exc:
+        raise MeshReadError(str(exc)) from None
     if len(points) == 0:
         raise MeshReadError(f"{path} holds no points")
-    if not np.isfinite(points).all():
-        raise MeshReadError(f"{path} holds NaN or infinite coordinates")
+    problem = points_problem(coords, name)
+    if problem is not None:
+        raise MeshReadError(problem)
     return points
 
 

@@ -14,6 +14,7 @@ from xml.sax.saxutils import quoteattr
 import numpy as np
 
 from .._atomic import atomic_replace
+from .._checks import check_choice
 from ._data import Cells
 
 __all__ = ["Piece", "Schema", "read_schema", "write_index", "write_piece"]
@@ -163,9 +164,7 @@ COMPRESSORS = (None, "zlib", "lz4", "lzma")
 
 def check_compression(compression: object) -> str | None:
     """``compression`` if VTK's XML writers know it, else a ValueError naming the choices."""
-    if compression not in COMPRESSORS:
-        raise ValueError(f"compression must be one of {list(COMPRESSORS)} (got {compression!r})")
-    return compression  # type: ignore[return-value]
+    return check_choice(compression, "compression", COMPRESSORS)  # type: ignore[return-value]
 
 
 def _writer(kind: str, compression: str | None):

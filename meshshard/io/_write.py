@@ -15,7 +15,7 @@ from torch.distributed import ProcessGroup
 from .. import comm
 from .._atomic import atomic_replace, atomic_replace_all
 from .._checks import check_positive_int, check_radius
-from .._sizes import offsets_of
+from .._sizes import offsets_of, owner_of
 from ..errors import ShardingError
 from ..halo import HaloPlan
 from ..partition import MeshPartition, Partition, ghost_sets
@@ -438,8 +438,7 @@ def _ghost_rows(
 def _halo_ghosts(halo: HaloPlan, fields: Mapping[str, Rows] | None) -> _Ghosts:
     """The ghosts of ``halo``, each field exchanged through it (collective: call on every rank)."""
     global_ids = halo.ghost_global_index
-    offsets = torch.as_tensor(halo.offsets, device=global_ids.device)
-    ranks = torch.searchsorted(offsets, global_ids, right=True) - 1
+    ranks = owner_of(global_ids, halo.offsets)
     # Collective: every rank exchanges every field, before anything can fail locally.
     exchanged = {k: halo.exchange(v)[halo.num_owned:] for k, v in dict(fields or {}).items()}
     return _Ghosts(halo.ghost_points, exchanged, global_ids, ranks)

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from .._checks import check_choice
 from ._common import pair_d2, select_rows, sq_dist
 from ._grid import grid_radius_candidates
 from ._numba import available as numba_available
@@ -81,9 +82,7 @@ def check_backend(backend: str | None, device: torch.device) -> str:
         return default_backend(device)
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str or None (got {type(backend).__name__})")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS} (got {backend!r})")
-    return backend
+    return check_choice(backend, "backend", BACKENDS)
 
 
 def _empty(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

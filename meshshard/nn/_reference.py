@@ -69,6 +69,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from .._checks import check_choice
+
 SOURCES = ("thuml", "physicsnemo")
 _PHYSICSNEMO = dict(eps=1e-2, temperature_range=(0.5, 5.0))
 
@@ -143,8 +145,7 @@ def _entries(source: str, n_layers: int, variant: str, cond: bool) -> list[Entry
 
 
 def _check_source(source: str) -> None:
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {SOURCES} (got {source!r})")
+    check_choice(source, "source", SOURCES)
 
 
 def _clean(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

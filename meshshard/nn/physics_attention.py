@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_choice, check_positive_int
 from .._keyed_random import gumbel_noise
 from ..ops.slice_tokens import slice_tokens
 from ..tensor import ShardTensor, wrap
@@ -17,6 +17,16 @@ from ..tensor import ShardTensor, wrap
 __all__ = ["PhysicsAttention"]
 
 _INSTANCES = itertools.count()  # default seeds: construction order, the same on every rank
+
+
+def check_inputs(
+    x: torch.Tensor, channels: int, module: nn.Module, point_ids: torch.Tensor | None = None
+) -> None:
+    """What a model over points takes (:class:`PhysicsAttention`, ``Transolver``): features ``x``
+    (:func:`check_point_features`) and optional ``point_ids`` (:func:`check_point_ids`). Metadata
+    only, so every rank decides alike."""
+    check_point_features(x, channels, module)
+    check_point_ids(point_ids, x)
 
 
 def check_point_features(x: torch.Tensor, channels: int, module: nn.Module) -> None:
@@ -44,9 +54,7 @@ VARIANTS = ("plain", "plus")
 
 
 def check_variant(variant: str) -> str:
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS} (got {variant!r})")
-    return variant
+    return check_choice(variant, "variant", VARIANTS)
 
 
 def check_temperature_range(temperature_range: tuple[float, float] | None) -> tuple[float, float] | None:
@@ -298,8 +306,7 @@ class PhysicsAttention(nn.Module):
         the class docstring (``(N,)`` integers; a ShardTensor sharded like ``x``'s points when
         ``x`` is one).
         """
-        check_point_features(x, self.dim, self)
-        check_point_ids(point_ids, x)
+        check_inputs(x, self.dim, self, point_ids)
         unbatched = x.dim() == 2
         if unbatched:
             x = x.unsqueeze(0)

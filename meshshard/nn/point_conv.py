@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .._checks import check_choice
 from ..ops.neighbors import Neighbors
 from ..tensor import ShardTensor, local_of
 
@@ -69,8 +70,7 @@ class PointConv(torch.nn.Module):
                 "in_channels must be >= 0, out_channels and pos_dim >= 1 "
                 f"(got {in_channels}, {out_channels}, {pos_dim})"
             )
-        if aggr not in _AGGRS:
-            raise ValueError(f"aggr must be one of {_AGGRS} (got {aggr!r})")
+        check_choice(aggr, "aggr", _AGGRS)
         self.in_channels, self.out_channels, self.pos_dim, self.aggr = (
             in_channels,
             out_channels,

@@ -19,14 +19,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from .._checks import check_positive_int
+from .._checks import check_choice, check_positive_int
 from .._config import TransolverConfig
 from ..ops.slice_tokens import finish_slice_tokens, slice_sums
 from ..tensor import ShardTensor, wrap
 from .physics_attention import (
     PhysicsAttention,
-    check_point_features,
-    check_point_ids,
+    check_inputs,
     check_temperature_range,
     check_variant,
 )
@@ -204,8 +203,7 @@ class Transolver(nn.Module):
             raise ValueError(
                 f"n_hidden must be divisible by n_head (got n_hidden={n_hidden}, n_head={n_head})"
             )
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS} (got {init!r})")
+        check_choice(init, "init", INITS)
         self.variant = check_variant(variant)
         temperature_range = check_temperature_range(temperature_range)
         self.in_dim, self.out_dim, self.cond_dim = in_dim, out_dim, cond_dim
@@ -269,8 +267,10 @@ class Transolver(nn.Module):
             variant=self.variant, eps=a.eps, temperature_range=a.temperature_range, cond_dim=self.cond_dim,
         )
 
-    def _check_input(self, x: torch.Tensor, condition: torch.Tensor | None = None) -> None:
-        check_point_features(x, self.in_dim, self)
+    def _check_input(
+        self, x: torch.Tensor, condition: torch.Tensor | None = None, point_ids: torch.Tensor | None = None
+    ) -> None:
+        check_inputs(x, self.in_dim, self, point_ids)
         if condition is None:
             return
         if self.cond_dim is None:
@@ -297,8 +297,7 @@ class Transolver(nn.Module):
         integer ids that key the Gumbel noise (plus, training) instead of the points' positions in
         the global tensor; a ShardTensor sharded like ``x``'s points when ``x`` is one.
         """
-        self._check_input(x, condition)
-        check_point_ids(point_ids, x)
+        self._check_input(x, condition, point_ids)
         h = self.embed(x, condition)
         for block in self.blocks:
             h = block(h, point_ids)

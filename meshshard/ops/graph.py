@@ -27,7 +27,7 @@ import torch
 from .. import comm
 from .._checks import check_positive_int
 from .._records import Record
-from .._sizes import offsets_of, ring_bytes
+from .._sizes import offsets_of, owner_of, ring_bytes
 from ..halo import HaloPlan, check_coordinates
 from ..partition import MeshPartition, Partition
 from ..tensor import ShardSpec, ShardTensor, local_of, tracing, wrap_shard
@@ -482,15 +482,14 @@ def _fetch_in_edges(
     if spec is None:
         return empty, empty.clone(), empty.clone()
     group, world = spec.group, spec.num_ranks
-    offsets = torch.tensor(spec.offsets, device=wanted.device)
-    owner = torch.searchsorted(offsets, wanted, right=True) - 1
+    owner = owner_of(wanted, spec.offsets)
     ask = torch.bincount(owner, minlength=world)
     asked = comm.all_to_all(ask.reshape(world, 1), [1] * world, [1] * world, group).reshape(-1)
     ids = comm.all_to_all(wanted, ask.tolist(), asked.tolist(), group)
     # my owned edges grouped by target (CSR), then the edges of every requested id, requester by requester
     order = torch.argsort(dst - lo, stable=True)
     s_sorted, d_sorted, e_sorted = src[order], dst[order], eid[order]
-    n_local = int(offsets[spec.rank + 1] - offsets[spec.rank])
+    n_local = spec.offsets[spec.rank + 1] - spec.offsets[spec.rank]
     deg = torch.bincount(d_sorted - lo, minlength=n_local)
     start = torch.cumsum(deg, 0) - deg
     per_id = deg[ids - lo]

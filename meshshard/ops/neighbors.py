@@ -109,20 +109,13 @@ class Neighbors:
 
 # -- argument checks ---------------------------------------------------------------------------------
 
-def _check_coords(x: object, name: str) -> torch.Tensor:
-    check_coordinate_tensor(x, name)
-    if isinstance(x, ShardTensor) and x.shard_dim != 0:
-        raise ValueError(f"{name} must be sharded along dim 0, the point dimension (got dim {x.shard_dim})")
-    return x
-
-
 def check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validated ``(points, queries, self_query)``; ``queries=None`` means the points themselves."""
-    points = _check_coords(points, "points")
+    points = check_coordinate_tensor(points, "points")
     if queries is None or queries is points:
         check_values(points, "points")
         return points, points, True
-    queries = _check_coords(queries, "queries")
+    queries = check_coordinate_tensor(queries, "queries")
     if queries.shape[1] != points.shape[1]:
         raise ValueError(
             f"points and queries must have the same dimension D (got {points.shape[1]} and {queries.shape[1]})"

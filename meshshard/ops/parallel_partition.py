@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from .. import comm
-from .._checks import check_positive_int
+from .._checks import check_points, check_positive_int, nonnegative_problem, points_problem
+from .._sizes import owner_of
 from ..partition import (
     DEFAULT_BITS,
     check_method,
@@ -64,26 +65,19 @@ SAMPLES_PER_RANK = 64  # regular samples per rank for the curve sample sort
 _F64 = torch.float64
 
 
-def _local_problem(local: torch.Tensor, w: torch.Tensor | None) -> str | None:
-    if not local.is_floating_point():
-        return f"x must hold floating coordinates (got {local.dtype})"
-    if local.ndim != 2 or local.shape[1] not in (2, 3):
-        return f"x must have local shape (n, 2) or (n, 3) (got {tuple(local.shape)})"
-    finite = torch.isfinite(local).all(dim=1)
-    if not bool(finite.all()):
-        bad = (~finite).nonzero()
-        return f"x must be finite (found {bad.numel()} local rows with NaN/Inf, first at local row {int(bad[0])})"
-    if w is not None:
-        if w.is_complex() or w.dtype == torch.bool:
-            return f"weights must hold real numbers (got {w.dtype})"
-        if w.ndim != 1:
-            return f"weights must be one-dimensional (got local shape {tuple(w.shape)})"
-        wf = w.to(_F64)
-        if not bool(torch.isfinite(wf).all()):
-            return "weights must be finite (found NaN/Inf)"
-        if bool((wf < 0).any()):
-            return f"weights must be non-negative (found {int((wf < 0).sum())} negative values)"
-    return None
+def _local_problem(local: torch.Tensor, w: torch.Tensor | None, first: int) -> str | None:
+    """This rank's verdict on its shard of ``x`` (checked :func:`check_points` first) and weights.
+
+    ``first``: the shard's first global row, so messages number rows as the global tensor does.
+    """
+    problem = points_problem(local, "x", first_row=first)
+    if problem is not None or w is None:
+        return problem
+    if w.is_complex() or w.dtype == torch.bool:
+        return f"weights must hold real numbers (got {w.dtype})"
+    if w.ndim != 1:
+        return f"weights must be one-dimensional (got local shape {tuple(w.shape)})"
+    return nonnegative_problem(w.to(_F64), "weights", first_index=first)
 
 
 def repartition(
@@ -203,9 +197,11 @@ def repartition_with_payload(
     if num_parts is None:
         num_parts = world
     num_parts = check_positive_int(num_parts, "num_parts")
+    check_points(x, "x", dims=(2, 3), sharded=True)  # global metadata: every rank decides alike
     local = x.to_local().detach()
     w_local = None if weights is None else weights.to_local().detach()
-    comm.agree(_local_problem(local, w_local), group, error_type=ValueError, what="repartition: bad input")
+    problem = _local_problem(local, w_local, x.offsets[rank])
+    comm.agree(problem, group, error_type=ValueError, what="repartition: bad input")
     device = local.device
     n_local, dim = local.shape
     offsets = x.offsets
@@ -467,8 +463,7 @@ def _sharded_curve_owner(
     part = (torch.searchsorted(bounds, positions, side="right") - 1).clamp_(0, cum_fractions.numel() - 2)
 
     # Each part goes back to the rank that holds the point.
-    offs = torch.tensor(offsets, dtype=torch.long, device=device)
-    origin = torch.searchsorted(offs, gids, side="right") - 1
+    origin = owner_of(gids, offsets)
     back = torch.sort(origin, stable=True).indices
     reply = comm.all_to_all(torch.stack([gids[back], part[back]], dim=1), recv_sizes, send_sizes, group)
     owner = torch.empty(n_local, dtype=torch.long, device=device)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import check_choice, check_finite_points, check_nonnegative, check_points
 from .._config import PARTITION_METHODS
 
 __all__ = [
@@ -29,42 +30,19 @@ def as_points(points: Any, name: str = "points") -> torch.Tensor:
     """Return ``points`` as a finite floating ``(N, 2)`` or ``(N, 3)`` tensor (no copy if possible).
 
     Accepts a :class:`torch.Tensor`, a :class:`numpy.ndarray`, or an object with a ``pos`` tensor
-    (``torch_geometric.data.Data``). Integer coordinates are converted to ``float64``.
+    (``torch_geometric.data.Data``). Integer coordinates are converted to ``float64``. The checks
+    and their messages are :func:`meshshard._checks.check_points` and ``check_finite_points``.
     """
     if not isinstance(points, torch.Tensor | np.ndarray) and hasattr(points, "pos"):
         points = points.pos
         name = f"{name}.pos"
-    if isinstance(points, np.ndarray):
-        if points.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must hold real numbers (got numpy dtype {points.dtype})")
-        points = torch.from_numpy(np.ascontiguousarray(points))
-    elif not isinstance(points, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor or numpy.ndarray of shape (N, 2) or (N, 3) (got {_type_name(points)})"
-        )
-    if points.dtype == torch.bool or points.is_complex():
-        raise TypeError(f"{name} must hold real numbers (got {points.dtype})")
-    if points.device.type == "meta":
-        raise ValueError(f"{name} must hold data on a real device such as cpu or cuda (got device 'meta')")
-    if not points.is_floating_point():
-        points = points.to(torch.float64)
-    if points.ndim != 2 or points.shape[1] not in (2, 3):
-        raise ValueError(f"{name} must have shape (N, 2) or (N, 3) (got {tuple(points.shape)})")
-    finite = torch.isfinite(points).all(dim=1)
-    if not bool(finite.all()):
-        bad = (~finite).nonzero()
-        raise ValueError(f"{name} must be finite (found {bad.numel()} rows with NaN/Inf, first at row {int(bad[0])})")
-    return points
-
+    points = check_points(points, name, dims=(2, 3), arrays=True, integers=True)
+    return check_finite_points(points, name)
 
 
 def check_method(method: Any) -> str:
     """Return ``method`` if it names a known partitioner."""
-    if not isinstance(method, str):
-        raise TypeError(f"method must be a string (got {_type_name(method)})")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(repr(m) for m in METHODS)} (got {method!r})")
-    return method
+    return check_choice(method, "method", METHODS, strings=True)
 
 
 def _as_vector(x: Any, name: str) -> torch.Tensor:
@@ -89,15 +67,7 @@ def check_weights(weights: Any, num_points: int, device: torch.device) -> torch.
         raise TypeError(f"weights must hold real numbers (got {w.dtype})")
     if w.ndim != 1 or w.shape[0] != num_points:
         raise ValueError(f"weights must have shape ({num_points},) like points (got {tuple(w.shape)})")
-    w = w.detach().to(device=device, dtype=torch.float64)
-    if not bool(torch.isfinite(w).all()):
-        raise ValueError(f"weights must be finite (found {int((~torch.isfinite(w)).sum())} NaN/Inf values)")
-    if bool((w < 0).any()):
-        neg = (w < 0).nonzero()
-        raise ValueError(
-            f"weights must be non-negative (found {neg.numel()} negative values, "
-            f"first {float(w[neg[0, 0]])} at index {int(neg[0, 0])})"
-        )
+    w = check_nonnegative(w.detach().to(device=device, dtype=torch.float64), "weights")
     if num_points > 0 and not bool(w.sum() > 0):
         raise ValueError("weights must have a positive sum (got all zeros)")
     return w
@@ -110,11 +80,7 @@ def check_fractions(fractions: Any, num_parts: int, device: torch.device, tol: f
         raise TypeError(f"fractions must hold real numbers (got {f.dtype})")
     if f.ndim != 1 or f.shape[0] != num_parts:
         raise ValueError(f"fractions must have shape ({num_parts},) = (num_parts,) (got {tuple(f.shape)})")
-    f = f.to(dtype=torch.float64)
-    if not bool(torch.isfinite(f).all()):
-        raise ValueError(f"fractions must be finite (got {f.tolist()})")
-    if bool((f < 0).any()):
-        raise ValueError(f"fractions must be non-negative (got {f.tolist()})")
+    f = check_nonnegative(f.to(dtype=torch.float64), "fractions")
     total = float(f.sum())
     if abs(total - 1.0) > tol:
         raise ValueError(f"fractions must sum to 1 (got sum {total:.9g})")

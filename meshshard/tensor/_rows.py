@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .. import comm
-from .._sizes import offsets_of
+from .._sizes import offsets_of, owner_of
 from ._spec import ShardSpec
 
 __all__ = ["fetch_intervals", "row_halo", "sizes_by_anchor", "window_rows"]
@@ -192,7 +192,7 @@ def sizes_by_anchor(spec: ShardSpec, num_out: int, anchor: Callable[[torch.Tenso
     rows = anchor(j).clamp(0, spec.num_global - 1)
     if num_out > 1 and bool((rows[1:] < rows[:-1]).any()):
         raise ValueError("internal: a result's anchor rows must be non-decreasing")
-    owner = torch.searchsorted(torch.tensor(spec.offsets[1:], dtype=torch.long), rows, right=True)
+    owner = owner_of(rows, spec.offsets)
     return tuple(int(c) for c in torch.bincount(owner, minlength=p).tolist())
 
 

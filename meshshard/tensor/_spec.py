@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .._checks import check_int_sequence
 from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
 from ._compile import parse_key, spec_key, tracing
@@ -159,24 +160,8 @@ class ShardSpec:
 
 
 def as_sizes(value: Any, name: str, check_sign: bool = True) -> tuple[int, ...]:
-    """``value`` (a sequence or 1-D tensor of non-negative ints) as a tuple, else an error naming ``name``."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"{name} must be a 1-D integer tensor or a sequence of ints (got {value.dtype} "
-                            f"of shape {tuple(value.shape)})")
-        value = value.tolist()
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(value, "__array__"):
-        raise TypeError(f"{name} must be a sequence of ints (got {type(value).__name__})")
-    out = []
-    for v in list(value):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__index__"):
-            raise TypeError(f"{name} must hold ints (got {type(v).__name__} in {list(value)!r})")
-        if isinstance(v, float) and not v.is_integer():
-            raise TypeError(f"{name} must hold ints (got {v!r})")
-        out.append(int(v))
-    if check_sign and any(v < 0 for v in out):
-        raise ValueError(f"{name} must be non-negative (got {tuple(out)})")
-    return tuple(out)
+    """``value`` (a sequence or 1-D tensor of non-negative ints) as a tuple (``_checks.check_int_sequence``)."""
+    return check_int_sequence(value, name, minimum=0 if check_sign else None)
 
 
 def norm_mesh_dim(mesh: DeviceMesh, mesh_dim: int | str | None) -> int:

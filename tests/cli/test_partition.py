@@ -80,7 +80,7 @@ def test_calls_io(cloud_file, tmp_path, capsys, monkeypatch):
         (["{cloud}", "--parts", "2", "--fractions", "0.5,0.4"], r"fractions must sum to 1"),
         (["{cloud}", "--parts", "2", "--fractions", "0.5"], r"--fractions needs 2 values"),
         (["{cloud}", "--fractions", "a,b"], r"--fractions must be comma-separated numbers"),
-        (["{bad}"], r"must hold an \(N, 3\) or \(N, 2\) numeric array"),
+        (["{bad}"], r"the array must have shape \(N, 2\) or \(N, 3\)"),
         (["{txt}"], r"INPUT must be a \.npy point array"),
     ],
 )

@@ -157,7 +157,7 @@ def test_corrupt_run_names_file(tiny_root: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"parts": (0, 2)}, ValueError, r"parts must be positive \(got \[0, 2\]\)"),
+        ({"parts": (0, 2)}, ValueError, r"parts must be positive \(got \(0, 2\)\)"),
         ({"parts": ()}, TypeError, "parts must be a non-empty sequence of ints"),
         (
             {"method": "metis"},

@@ -82,7 +82,8 @@ def test_as_numpy_converts_what_vtk_cannot_store():
 def test_refused_meshes():
     with pytest.raises(TypeError, match=r"data must be a single pyvista/VTK dataset \(got MultiBlock"):
         as_dataset(pv.MultiBlock([pv.Sphere()]))
-    with pytest.raises(ValueError, match=re.escape("data.points must be finite (got 3 NaN/Inf values)")):
+    message = "data.points must be finite (found 1 row with NaN/Inf, first at row 0)"
+    with pytest.raises(ValueError, match=re.escape(message)):
         as_dataset(pv.PolyData(np.full((1, 3), np.nan), faces=[1, 0]))
 
 

@@ -75,7 +75,7 @@ def test_index_declares_the_schema_and_references_the_pieces(tmp_path):
 
 
 def test_what_vtk_xml_cannot_hold():
-    with pytest.raises(ValueError, match=re.escape("compression must be one of [None, 'zlib', 'lz4', 'lzma']")):
+    with pytest.raises(ValueError, match=re.escape("compression must be one of (None, 'zlib', 'lz4', 'lzma')")):
         check_compression("gzip")
     piece = _piece()
     piece.point_data["z"] = np.zeros(4, dtype=np.complex64)

@@ -105,7 +105,7 @@ def test_compressed_pieces_read_back_exactly_and_are_smaller(tmp_path, compressi
     assert packed.with_name("packed_0.vtp").stat().st_size < raw.with_name("raw_0.vtp").stat().st_size
     mesh = read_partitions(packed)
     np.testing.assert_array_equal(mesh.points, points[np.asarray(mesh.point_data["GlobalPointIds"])])
-    expected = "compression must be one of [None, 'zlib', 'lz4', 'lzma'] (got 'gzip')"
+    expected = "compression must be one of (None, 'zlib', 'lz4', 'lzma') (got 'gzip')"
     with pytest.raises(ValueError, match=re.escape(expected)):
         write_partitions(points, part, tmp_path / "x.pvtp", compression="gzip")
 
@@ -332,7 +332,7 @@ def test_bad_paths(tmp_path, cloud, path, error, match):
     [
         ("points.npy", {}, TypeError, r"data must be an \(N, 3\) tensor/array.*\(got str\)"),
         ([[0.0, 0, 0]] * 4, {}, TypeError, r"\(got list\)"),
-        (torch.zeros(4, 4), {}, ValueError, re.escape("data must have shape (N, 3) or (N, 2) (got (4, 4))")),
+        (torch.zeros(4, 4), {}, ValueError, re.escape("data must have shape (N, 2) or (N, 3) (got (4, 4))")),
         (torch.zeros(4, 3, dtype=torch.complex64), {}, TypeError, "data must hold real numbers"),
         ({"x": torch.zeros(4, 3)}, {}, ValueError, "a sample dict needs a 'pos' entry"),
         (torch.zeros(5, 3), {}, ValueError, "partition covers 4 items but data has 5 points"),

@@ -271,7 +271,7 @@ def test_one_part(method):
         ({"num_parts": -2}, ValueError, r"num_parts must be at least 1 \(got -2\)"),
         ({"num_parts": 2.5}, TypeError, r"num_parts must be an integer \(got float\)"),
         ({"num_parts": True}, TypeError, r"num_parts must be an integer \(got bool\)"),
-        ({"method": "kd"}, ValueError, r"method must be one of 'rcb', 'morton', 'hilbert' \(got 'kd'\)"),
+        ({"method": "kd"}, ValueError, r"method must be one of \('rcb', 'morton', 'hilbert'\) \(got 'kd'\)"),
         ({"method": 3}, TypeError, r"method must be a string \(got int\)"),
         ({"weights": -torch.ones(10)}, ValueError, r"weights must be non-negative \(found 10 negative"),
         (

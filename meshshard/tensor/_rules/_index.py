@@ -22,6 +22,7 @@ import math
 import torch
 
 from ... import comm
+from ..._sizes import owner_of
 from ...errors import ShardingError
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
@@ -112,7 +113,7 @@ def fetch_rows(x: ShardTensor, index: torch.Tensor, what: str) -> torch.Tensor:
         flat = torch.where((flat < 0) | (flat >= n), torch.full_like(flat, lo), flat)
         remote = remote & (flat != lo)
     wanted, inverse = torch.unique(flat[remote], return_inverse=True)  # sorted: grouped by owner
-    owner = torch.searchsorted(_offsets_tensor(spec, wanted.device)[1:], wanted, right=True).clamp_(max=P - 1)
+    owner = owner_of(wanted, spec.offsets).clamp_(0, P - 1)
     send = torch.bincount(owner, minlength=P) if wanted.numel() else torch.zeros(P, dtype=torch.long)
     mine = torch.stack([send.cpu(), torch.full((P,), int(bad), dtype=torch.long)], 1).reshape(-1)
     theirs = comm.all_to_all(mine, [2] * P, [2] * P, spec.group).reshape(P, 2)

@@ -60,7 +60,7 @@ import math
 import torch
 
 from ... import comm
-from ..._sizes import offsets_of
+from ..._sizes import offsets_of, owner_of
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor
@@ -341,8 +341,7 @@ def into_sharded(func, a: dict, inp: ShardTensor, index, src, d: int):
 
 
 def _owners(spec, index: torch.Tensor) -> torch.Tensor:
-    offsets = torch.tensor(spec.offsets, dtype=torch.long, device=index.device)
-    return torch.searchsorted(offsets[1:], index.contiguous(), right=True).clamp_(max=spec.num_ranks - 1)
+    return owner_of(index, spec.offsets).clamp_(0, spec.num_ranks - 1)
 
 
 def _route(spec, owner: torch.Tensor, *payloads: torch.Tensor) -> list[torch.Tensor]:

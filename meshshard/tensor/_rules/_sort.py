@@ -43,6 +43,7 @@ import math
 import torch
 
 from ... import comm
+from ..._sizes import owner_of
 from .._dispatch import bind, op_name
 from .._dispatch import register_rule as register
 from .._tensor import ShardTensor, wrap_shard
@@ -145,8 +146,7 @@ def sort_positions(x: ShardTensor, d: int, descending: bool, func) -> torch.Tens
     c = got[:, 0]
     k = torch.arange(got.shape[0], device=dev) - start[c] + base[c]
     # to the owner of output row k
-    offsets = torch.tensor(spec.offsets, dtype=torch.long, device=dev)
-    dest = torch.searchsorted(offsets[1:], k, right=True).clamp(max=P - 1)
+    dest = owner_of(k, spec.offsets).clamp_(0, P - 1)
     by = torch.argsort(dest, stable=True)
     placed = _exchange(torch.stack([k, c, got[:, 2]], 1)[by], dest[by], spec)
     out = torch.empty(n * K, dtype=torch.long, device=dev)
