@@ -10,7 +10,9 @@ compile time, measured separately), the speed-up eager/compiled, and the differe
 compiled and the eager loss (must be float32 round-off).
 
 Run: ``PYTHONPATH=. python benchmarks/bench_compile.py [--points N] [--hidden C] [--layers L]
-[--ranks 1 2] [--steps K] [--out NAME]``. Results: ``benchmarks/results/bench_compile.json`` (or NAME).
+[--ranks 1 2] [--steps K] [--out NAME] [--profile]``; ``--profile`` prints, per rank, the CPU time
+per step next to the wall time and the top ops of one profiled step, eager and compiled (nothing saved).
+Results: ``benchmarks/results/bench_compile.json`` (or NAME).
 """
 
 from __future__ import annotations
@@ -49,6 +51,21 @@ def _time_steps(step, x, steps: int, barrier) -> tuple[float, float, float]:
     return first, (time.perf_counter() - t0) / steps, float(loss)
 
 
+def _cpu_and_profile(step, x, steps: int, barrier) -> tuple[float, str]:
+    """(this process's CPU seconds per step, the top ops of one profiled step by self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    c0 = time.process_time()
+    for _ in range(steps):
+        step(x)
+    cpu = (time.process_time() - c0) / steps
+    barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(x)
+        barrier()
+    return cpu, prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60)
+
+
 def _worker(cfg: dict) -> dict:
     import torch.distributed as dist
 
@@ -75,6 +92,8 @@ def _worker(cfg: dict) -> dict:
     barrier = dist.barrier
     out = {"P": world, "sizes": sizes}
     _, out["eager_s"], eager_loss = _time_steps(step, x, cfg["steps"], barrier)
+    if cfg["profile"]:
+        out["eager_cpu_s"], out["eager_profile"] = _cpu_and_profile(step, x, cfg["steps"], barrier)
     torch._dynamo.reset()
     compiled_model = torch.compile(model, fullgraph=True)
 
@@ -85,14 +104,25 @@ def _worker(cfg: dict) -> dict:
         return loss.detach()
 
     out["compile_s"], out["compiled_s"], compiled_loss = _time_steps(cstep, x, cfg["steps"], barrier)
+    if cfg["profile"]:
+        out["compiled_cpu_s"], out["compiled_profile"] = _cpu_and_profile(cstep, x, cfg["steps"], barrier)
     out["loss_diff"] = abs(compiled_loss - eager_loss)
-    if world == 1:  # the floor: the plain model on a plain tensor
+    if world == 1 and not cfg["profile"]:  # the floor: the plain model on a plain tensor
         plain = pts.clone()
         _, out["plain_eager_s"], _ = _time_steps(step, plain, cfg["steps"], barrier)
         torch._dynamo.reset()
         compiled_model = torch.compile(model, fullgraph=True)
         out["plain_compile_s"], out["plain_compiled_s"], _ = _time_steps(cstep, plain, cfg["steps"], barrier)
     return out
+
+
+def _print_profiles(ranks: list[dict]) -> None:
+    for r, o in enumerate(ranks):
+        print(f"=== P={o['P']} rank {r} of sizes {o['sizes']}: eager {1e3 * o['eager_s']:.1f} ms/step wall, "
+              f"{1e3 * o['eager_cpu_s']:.1f} ms CPU; compiled {1e3 * o['compiled_s']:.1f} ms/step wall, "
+              f"{1e3 * o['compiled_cpu_s']:.1f} ms CPU (compile {o['compile_s']:.1f} s)")
+        for kind in ("eager", "compiled"):
+            print(f"--- {kind}, rank {r}, one step by self CPU time\n{o[kind + '_profile']}", flush=True)
 
 
 def main() -> None:
@@ -107,11 +137,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--out", default="bench_compile.json", help="file name under benchmarks/results/")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print each rank's CPU seconds per step and the top ops of one step (no JSON)")
     args = ap.parse_args()
-    cfg = {k: getattr(args, k) for k in ("points", "hidden", "layers", "heads", "slices", "steps")}
+    cfg = {k: getattr(args, k) for k in ("points", "hidden", "layers", "heads", "slices", "steps", "profile")}
     rows = []
     for p in args.ranks:
-        res = run_distributed(_worker, p, cfg, timeout=1200)[0]
+        ranks = run_distributed(_worker, p, cfg, timeout=1200)
+        if args.profile:
+            _print_profiles(ranks)
+            continue
+        res = ranks[0]
         res["speedup"] = res["eager_s"] / res["compiled_s"]
         rows.append(res)
         line = (f"P={p} sizes={res['sizes']}: eager {1e3 * res['eager_s']:.1f} ms/step, compiled "
@@ -122,6 +158,8 @@ def main() -> None:
                      f"{1e3 * res['plain_compiled_s']:.1f} ms/step (sharded/plain compiled "
                      f"{res['compiled_s'] / res['plain_compiled_s']:.2f}x)")
         print(line, flush=True)
+    if args.profile:
+        return
     RESULTS.mkdir(exist_ok=True)
     record = {"config": cfg, "threads_per_rank": 1, "backend": "inductor", "torch": torch.__version__,
               "load_avg_1min": os.getloadavg()[0], "rows": rows}

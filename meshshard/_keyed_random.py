@@ -29,7 +29,7 @@ import math
 
 import torch
 
-__all__ = ["mix32", "keyed_uniform", "unit_interval", "gumbel_noise"]
+__all__ = ["mix32", "keyed_uniform", "unit_interval", "gumbel_noise", "step_seed"]
 
 _M32 = 0xFFFFFFFF
 _C1, _C2 = 0x7FEB352D, 0x846CA68B
@@ -75,8 +75,52 @@ def _int32_bits(v: torch.Tensor) -> torch.Tensor:
     return (v - ((v >> 31) & 1) * (1 << 32)).to(torch.int32)
 
 
+def _key_tensor(*values) -> torch.Tensor:
+    """:func:`_key` on int64 tensors (broadcast together; Python ints allowed): the int32 bits of the same keys.
+
+    A value ``v`` is hashed as its two 32-bit words ``v & 0xFFFFFFFF`` and ``(v >> 32) & 0xFFFFFFFF``,
+    as in :func:`_key` (the arithmetic shift of a negative int64 gives the same high word as Python's);
+    so every value in ``[-2**63, 2**63)`` gets :func:`_key`'s bits.
+    """
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    dev = tensors[0].device if tensors else None
+    k = torch.tensor(_s32(0x9E3779B9), dtype=torch.int32, device=dev)
+    for v in values:
+        v = torch.as_tensor(v, dtype=torch.int64, device=dev)
+        k = mix32(k ^ _int32_bits(v & _M32))
+        k = mix32(k ^ _int32_bits(((v >> 32) & _M32) ^ 0x85EBCA6B))
+    return k
+
+
+def step_seed(base: int, step: torch.Tensor) -> torch.Tensor:
+    """``(base + step) % 2**63`` as a 0-d int64 tensor, without int64 overflow (``0 <= base < 2**63``).
+
+    The traced form of a seed that advances every step (Transolver++'s ``rng_step``): a Python int
+    would be a constant of the compiled graph, guarded, and so compile a new graph every step.
+    Computed on 32-bit words with the carry, so it equals the Python value for any int64 ``step``.
+    """
+    lo = (base & _M32) + (step & _M32)
+    hi = ((base >> 32) + (step >> 32) + (lo >> 32)) & ((1 << 31) - 1)
+    return (hi << 32) | (lo & _M32)
+
+
+def _slice_keys(seed, batch: int, heads: int, slices: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int32 keys ``(B, H)`` of the batch and head and ``(M,)`` of the slice; ``seed`` an int or a 0-d tensor."""
+    if isinstance(seed, torch.Tensor):
+        b = torch.arange(batch, dtype=torch.int64, device=seed.device).view(-1, 1)
+        h = torch.arange(heads, dtype=torch.int64, device=seed.device).view(1, -1)
+        m = torch.arange(slices, dtype=torch.int64, device=seed.device)
+        return _key_tensor(seed, b, h).to(dev), _key_tensor(seed, -1, m).to(dev)
+    key_bh = torch.tensor(
+        [[_s32(_key(seed, b, h)) for h in range(heads)] for b in range(batch)], dtype=torch.int32, device=dev
+    )
+    key_m = torch.tensor([_s32(_key(seed, -1, m)) for m in range(slices)], dtype=torch.int32, device=dev)
+    return key_bh, key_m
+
+
 def keyed_uniform(
-    point_ids: torch.Tensor, batch: int, heads: int, slices: int, seed: int, dtype: torch.dtype = torch.float32
+    point_ids: torch.Tensor, batch: int, heads: int, slices: int, seed: int | torch.Tensor,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Uniform numbers in ``(0, 1)``, ``(batch, heads, N, slices)``, a pure function of the keys.
 
@@ -88,7 +132,8 @@ def keyed_uniform(
     batch, heads, slices:
         The other three dims of the result.
     seed:
-        Any integer (the module's seed and the step, combined by the caller).
+        Any integer (the module's seed and the step, combined by the caller), or a 0-d int64 tensor
+        holding one (the same numbers; what a compiled graph takes, see :func:`step_seed`).
     dtype:
         Floating dtype of the result (23 random bits; 10 for float16, 7 for bfloat16: see
         :func:`unit_interval`).
@@ -100,10 +145,7 @@ def keyed_uniform(
     ids = point_ids.to(torch.int64)
     dev = ids.device
     lo, hi = _int32_bits(ids & _M32), _int32_bits((ids >> 32) & _M32)
-    key_bh = torch.tensor(
-        [[_s32(_key(seed, b, h)) for h in range(heads)] for b in range(batch)], dtype=torch.int32, device=dev
-    )
-    key_m = torch.tensor([_s32(_key(seed, -1, m)) for m in range(slices)], dtype=torch.int32, device=dev)
+    key_bh, key_m = _slice_keys(seed, batch, heads, slices, dev)
     a = mix32(lo.view(1, 1, -1) ^ key_bh.unsqueeze(-1))  # (B, H, N)
     a = mix32(a ^ hi.view(1, 1, -1))
     return unit_interval(mix32(a.unsqueeze(-1) ^ key_m), dtype)  # (B, H, N, M)
@@ -123,7 +165,8 @@ def unit_interval(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def gumbel_noise(
-    point_ids: torch.Tensor, batch: int, heads: int, slices: int, seed: int, dtype: torch.dtype = torch.float32
+    point_ids: torch.Tensor, batch: int, heads: int, slices: int, seed: int | torch.Tensor,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Standard Gumbel noise ``-log(-log(u))`` with ``u`` from :func:`keyed_uniform`; same shape."""
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -122,3 +122,22 @@ def test_float32_and_float64_draw_the_same_numbers():
     assert torch.equal(u32.double(), u64)
     with pytest.raises(TypeError, match=r"Expected a floating dtype for the uniform numbers \(got torch.int64\)"):
         keyed_uniform(ids, 1, 1, 1, seed=0, dtype=torch.int64)
+
+
+def test_tensor_seed_draws_the_python_seeds_numbers():
+    # the traced form of Transolver++'s step seed (a 0-d int64 tensor) hashes to the same keys as the int
+    from meshshard._keyed_random import _key, _key_tensor, _s32, step_seed
+
+    bases = [0, 1, 1_000_003, 2**32 - 1, 2**32, 2**62 + 12345, 2**63 - 1, 2**63 - 2**32]
+    steps = [0, 1, 3, 2**31, 2**32 - 1, 2**32, 2**40 + 7, -1, -(2**33)]
+    for base in bases:
+        for step in steps:
+            seed = (base + step) % 2**63
+            t = step_seed(base, torch.tensor(step, dtype=torch.int64))
+            assert t.dtype == torch.int64 and int(t) == seed
+            for rest in [(0, 0), (3, 1), (-1, 5)]:
+                assert int(_key_tensor(t, *rest)) == _s32(_key(seed, *rest))
+    ids = torch.arange(50) * 977 + 2**33
+    for seed in [0, 7, 2**63 - 1, 2**40 + 3]:
+        assert torch.equal(gumbel_noise(ids, 2, 3, 4, torch.tensor(seed), torch.float64),
+                           gumbel_noise(ids, 2, 3, 4, seed, torch.float64))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import check_choice, check_positive_int
-from .._keyed_random import gumbel_noise
+from .._keyed_random import gumbel_noise, step_seed
 from ..ops.slice_tokens import slice_tokens
 from ..tensor import ShardTensor, wrap
 
@@ -140,6 +140,9 @@ class PhysicsAttention(nn.Module):
       single-process tensor); pass ``point_ids`` to key the noise by other ids instead (for example
       the mesh's original point ids, which makes the noise independent of the partitioning too).
 
+    ``rng_step`` is kept in a CPU int64 tensor, so ``torch.compile`` of a model in training takes the
+    step as data of the graph: one graph, not one per step (a Python int would be a guarded constant).
+
     The dropout after ``to_out`` is point-wise: on a plain tensor it uses the global RNG, as usual; on a
     ShardTensor its mask is keyed by the global element index (``meshshard/tensor/_rules/_random.py``), so
     a P-rank run drops what a 1-rank ShardTensor run drops (one small ``all_gather`` for the seed).
@@ -196,7 +199,10 @@ class PhysicsAttention(nn.Module):
         self.to_v = nn.Linear(dim_head, dim_head, bias=False)
         self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(dropout))
         self.seed = next(_INSTANCES) if seed is None else int(seed)
-        self.rng_step = 0
+        # the step counter is a tensor (a plain attribute: no state_dict entry, kept on the CPU by .to()):
+        # compiled, it is a graph input, mutated in place; a Python int would be a guarded constant of the
+        # graph, so every training step of torch.compile(model) would compile a new graph
+        self._rng_step = torch.zeros((), dtype=torch.int64)
 
     def extra_repr(self) -> str:
         return (
@@ -224,7 +230,8 @@ class PhysicsAttention(nn.Module):
     ) -> torch.Tensor:
         """Slice weights from ``x_mid`` ``(B, H, N, D)`` -> ``(B, H, N, M)``, rows sum to 1.
 
-        ``seed`` (plus variant, training) adds the Gumbel noise of that seed; ``None``: no noise.
+        ``seed`` (plus variant, training) adds the Gumbel noise of that seed (an int, or a 0-d int64
+        tensor holding one: the same noise); ``None``: no noise.
         """
         if self.variant == "plain":
             tau = self.temperature
@@ -265,15 +272,29 @@ class PhysicsAttention(nn.Module):
         """The per-head features ``f`` that the slices average: ``(B, N, C)`` -> ``(B, H, N, D)``."""
         return self.project(x)[1]
 
-    def next_seed(self) -> int | None:
+    @property
+    def rng_step(self) -> int:
+        """Training forwards that drew random numbers so far (settable, e.g. on resume)."""
+        return int(self._rng_step)
+
+    @rng_step.setter
+    def rng_step(self, value: int) -> None:
+        self._rng_step.fill_(int(value))
+
+    def next_seed(self) -> int | torch.Tensor | None:
         """Seed of the next training forward's random draws; ``None`` if it draws none (eval, no dropout).
 
-        Advances ``rng_step`` when a seed is returned.
+        Advances ``rng_step`` when a seed is returned. Eagerly the seed is a Python int; when compiled,
+        the same value as a 0-d int64 tensor (:func:`~meshshard._keyed_random.step_seed`), so that the
+        step is data of the graph, not a guarded constant.
         """
         if not self.training or (self.variant == "plain" and self.dropout == 0):
             return None
-        self.rng_step += 1
-        return (self.seed * 1_000_003 + self.rng_step) % 2**63
+        self._rng_step.add_(1)
+        base = (self.seed * 1_000_003) % 2**63
+        if torch.compiler.is_compiling():
+            return step_seed(base, self._rng_step)
+        return (base + int(self._rng_step)) % 2**63
 
     def attend(self, tokens: torch.Tensor, seed: int | None = None) -> torch.Tensor:
         """Attention among the slice tokens: ``(B, H, M, D)`` -> ``(B, H, M, D)`` (replicated work).
