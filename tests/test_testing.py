@@ -58,3 +58,27 @@ def test_rank_that_never_reaches_a_collective_fails_within_the_timeout():
     failed = {f.rank for f in info.value.failures}
     assert failed == {0}
     assert run_distributed(_rank_and_sum, 2, 0, timeout=4.0)[1][2] == 1.0
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_pooled_ranks_stay_under_the_cap_least_recently_used_first(monkeypatch):
+    """A new pool stops the least recently used ones first, so a long suite keeps a bounded number of ranks."""
+    import meshshard.testing as mt
+
+    monkeypatch.setenv("MESHSHARD_TEST_POOL_RANKS", "3")
+    mt.shutdown_pools()
+    one = run_distributed(_pid, 1)
+    two = run_distributed(_pid, 2)
+    assert run_distributed(_pid, 1) == one  # reused (1 + 2 ranks fit), and now the most recently used
+    short = run_distributed(_pid, 1, timeout=20)  # a fault test's own pool: the 2-rank one, least recent, stops
+    assert sorted(p.world_size for p in mt._POOLS.values()) == [1, 1]
+    assert run_distributed(_pid, 1) == one
+    assert run_distributed(_pid, 2) != two  # restarted: it makes room by stopping the short-timeout pool
+    assert run_distributed(_pid, 1) == one and len(mt._POOLS) == 2
+    assert run_distributed(_pid, 1, timeout=20) != short
+    mt.shutdown_pools()

@@ -20,6 +20,10 @@ runs one intra-op thread, so world sizes 1-4 work on a 2-core machine. A rank th
 or dies fails the call with a :class:`DistributedError` holding every failing rank's traceback;
 the pool is then rebuilt on the next call. The process-group ``timeout`` (seconds, default 60,
 or ``MESHSHARD_TEST_TIMEOUT``) turns a deadlock into an error on the blocked ranks.
+
+At most ``MESHSHARD_TEST_POOL_RANKS`` (default 10: one pool each of 1-4 ranks) pooled processes stay
+alive: a new pool first stops the least recently used ones. Each rank holds 0.3-0.6 GB, and a suite
+with fault tests (a pool per short timeout) would otherwise keep dozens of them.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from ._pool import DistributedError, RankFailure, WorkerPool
 
 __all__ = ["DistributedError", "RankFailure", "WorkerPool", "run_distributed", "shutdown_pools"]
 
-_POOLS: dict[tuple[int, str | None, float], WorkerPool] = {}
+_POOLS: dict[tuple[int, str | None, float], WorkerPool] = {}  # least recently used first
+
+
+def _max_pooled_ranks() -> int:
+    return int(os.environ.get("MESHSHARD_TEST_POOL_RANKS", "10"))
 
 
 def _default_timeout() -> float:
@@ -71,14 +79,33 @@ def _pool_for(world_size: int, backend: str | None, timeout: float) -> WorkerPoo
     """
     key = (world_size, backend, timeout)
     pool = _POOLS.get(key)
-    if pool is not None and not pool.closed:
-        return pool
-    if timeout >= _default_timeout():
-        for (world, back, limit), other in _POOLS.items():
-            if world == world_size and back == backend and limit >= timeout and not other.closed:
-                return other
-    pool = _POOLS[key] = WorkerPool(world_size, backend=backend, timeout=timeout)
+    if pool is None or pool.closed:
+        pool = None
+        if timeout >= _default_timeout():
+            for other_key, other in _POOLS.items():
+                world, back, limit = other_key
+                if world == world_size and back == backend and limit >= timeout and not other.closed:
+                    key, pool = other_key, other
+                    break
+    if pool is None:
+        _make_room(world_size)
+        pool = WorkerPool(world_size, backend=backend, timeout=timeout)
+    _POOLS.pop(key, None)
+    _POOLS[key] = pool  # now the most recently used
     return pool
+
+
+def _make_room(world_size: int) -> None:
+    """Stop the least recently used pools until ``world_size`` more ranks fit under the cap (calls from
+    this process run one at a time, so every pool here is idle)."""
+    for key in [k for k, p in _POOLS.items() if p.closed]:
+        del _POOLS[key]
+    live = sum(p.world_size for p in _POOLS.values())
+    while _POOLS and live + world_size > _max_pooled_ranks():
+        oldest = next(iter(_POOLS))
+        pool = _POOLS.pop(oldest)
+        live -= pool.world_size
+        pool.close()
 
 
 def shutdown_pools() -> None:
