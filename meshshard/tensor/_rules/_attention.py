@@ -212,11 +212,15 @@ class _RingAttention(torch.autograd.Function):
         dq = q.new_zeros((*batch, q.shape[-2], q.shape[-1]))
         grads_in = None  # the accumulated gradients of the block this rank works on, arriving from r - 1
         dkv = cur.new_zeros(cur.shape)
+        traced = torch.compiler.is_dynamo_compiling()
+        if traced:  # ties every ring step to ``dout`` (exactly + 0.0): see the docstring
+            cur = cur + dout.reshape(-1)[:0].sum()
         for t in range(world):
-            src = (rank - t) % world
+            src, nxt = (rank - t) % world, (*batch, sizes[(rank - t - 1) % world], width)
+            fused = traced and t < world - 1  # traced: the block and its gradients travel together (docstring)
             pending = None
-            if t < world - 1:
-                pending = comm.ring_shift(cur, (*batch, sizes[(rank - t - 1) % world], width), plan.group)
+            if t < world - 1 and not fused:
+                pending = comm.ring_shift(cur, nxt, plan.group)
                 if not OVERLAP:
                     pending.wait()
             dkv = cur.new_zeros((*batch, sizes[src], width))
@@ -231,8 +235,11 @@ class _RingAttention(torch.autograd.Function):
                 dkv = torch.cat([dk, dv], -1)
             if grads_in is not None:
                 dkv = dkv + grads_in.wait()
-            if world > 1:  # the block's gradients follow it; after the last step they reach the owner
-                grads_in = comm.ring_shift(dkv, (*batch, sizes[(rank - t - 1) % world], width), plan.group, tag=1)
+            if fused:
+                both = comm.ring_shift(torch.cat([cur, dkv], -1), (*nxt[:-1], 2 * width), plan.group).wait()
+                cur, grads_in = both[..., :width], comm.RingShift([], both[..., width:], plan.group)
+            elif world > 1:  # the block's gradients follow it; after the last step they reach the owner
+                grads_in = comm.ring_shift(dkv, nxt, plan.group, tag=1)
                 if not OVERLAP:
                     grads_in.wait()
             if pending is not None:
