@@ -511,10 +511,13 @@ def ring_shift(
     received tensor. An empty tensor is neither sent nor received: both ends know the sizes (every
     rank derives them from the same metadata), so they skip alike. ``tag`` keeps two shifts in
     flight at once apart (e.g. keys/values and their gradient accumulators in ring attention).
-    Used inside autograd Functions that route their gradients themselves.
+    Used inside autograd Functions that route their gradients themselves. Traced by dynamo
+    (``torch.compile``), which cannot compile ``isend``/``irecv``, the step is one
+    ``all_to_all_single`` with nonzero splits only to ``r + 1`` and from ``r - 1`` (a functional
+    collective in the graph; :meth:`RingShift.wait` returns its result).
 
     **Communication:** one ``isend`` of ``tensor.nbytes`` and one ``irecv`` (counted once as
-    ``ring_shift``); nothing with one rank.
+    ``ring_shift``), or traced one ``all_to_all_single`` of the same bytes; nothing with one rank.
     """
     world = _world(group)
     recv = tensor.new_empty(tuple(int(s) for s in recv_shape))
