@@ -482,6 +482,20 @@ class RingShift:
         return self._recv
 
 
+def _ring_all_to_all(tensor: torch.Tensor, recv: torch.Tensor, rank: int, world: int,
+                     group: dist.ProcessGroup | None) -> torch.Tensor:
+    """One ring step as an ``all_to_all_single`` (traced: dynamo makes it a functional collective, which
+    ``isend``/``irecv`` cannot be): rows of dim ``-2`` go only to ``rank + 1`` and come only from ``rank - 1``.
+    The split sizes are this rank's shapes, which every rank derives from the same metadata."""
+    send = tensor.movedim(-2, 0).contiguous()
+    out = recv.movedim(-2, 0).contiguous()
+    send_splits, recv_splits = [0] * world, [0] * world
+    send_splits[(rank + 1) % world] += send.shape[0]
+    recv_splits[(rank - 1) % world] += out.shape[0]
+    _call("ring_shift", group, dist.all_to_all_single, out, send, recv_splits, send_splits)
+    return out.movedim(0, -2)
+
+
 def ring_shift(
     tensor: torch.Tensor,
     recv_shape: Sequence[int],
@@ -497,10 +511,13 @@ def ring_shift(
     received tensor. An empty tensor is neither sent nor received: both ends know the sizes (every
     rank derives them from the same metadata), so they skip alike. ``tag`` keeps two shifts in
     flight at once apart (e.g. keys/values and their gradient accumulators in ring attention).
-    Used inside autograd Functions that route their gradients themselves.
+    Used inside autograd Functions that route their gradients themselves. Traced by dynamo
+    (``torch.compile``), which cannot compile ``isend``/``irecv``, the step is one
+    ``all_to_all_single`` with nonzero splits only to ``r + 1`` and from ``r - 1`` (a functional
+    collective in the graph; :meth:`RingShift.wait` returns its result).
 
     **Communication:** one ``isend`` of ``tensor.nbytes`` and one ``irecv`` (counted once as
-    ``ring_shift``); nothing with one rank.
+    ``ring_shift``), or traced one ``all_to_all_single`` of the same bytes; nothing with one rank.
     """
     world = _world(group)
     recv = tensor.new_empty(tuple(int(s) for s in recv_shape))
@@ -508,6 +525,8 @@ def ring_shift(
         recv.copy_(tensor)
         return RingShift([], recv, group)
     rank = dist.get_rank(group)
+    if torch.compiler.is_dynamo_compiling():
+        return RingShift([], _ring_all_to_all(tensor, recv, rank, world, group), group)
     send = tensor.contiguous()
     _record("ring_shift", _nbytes(send))
     works = []

@@ -121,7 +121,8 @@ class DomainParallel(torch.nn.Module):
             )
         self.model = model
         self.graph = graph
-        self._flag_device = _flag_device(graph)
+        self._trace_key = len(_TRACE_GROUPS)
+        self._set_flag_device(graph)
         self.global_degree = tuple(global_degree)
         self._calls = 0
         self._handles = []
@@ -135,7 +136,11 @@ class DomainParallel(torch.nn.Module):
         if not isinstance(graph, ShardedGraph):
             raise TypeError(f"graph must be a meshshard.ops.ShardedGraph (got {type(graph).__name__})")
         self.graph = graph
+        self._set_flag_device(graph)
+
+    def _set_flag_device(self, graph: ShardedGraph) -> None:
         self._flag_device = _flag_device(graph)
+        _TRACE_GROUPS[self._trace_key] = (graph.spec.group if graph.spec is not None else None, self._flag_device)
 
     def remove(self) -> None:
         """Detach the hooks: the model runs single-process again."""
@@ -230,7 +235,10 @@ class DomainParallel(torch.nn.Module):
         ``graph.edge_index`` itself is the index; ``N_local`` rows a node tensor, ``E_local`` rows an
         edge tensor, both (an empty rank, or equal counts) by the name (``edge_*``: edge tensor). One
         ``all_reduce`` in the graph (the one eager runs) compares the ranks' kinds; where they differ,
-        every rank raises the same error at run time. Where they agree they are eager's verdict.
+        every rank raises the same error at run time. The same agreement also runs once, eagerly, while
+        tracing (one more ``all_reduce`` per compilation), so every rank raises then, also when one rank's
+        trace would otherwise fail later while its peers wait in their graphs. Where they agree they are
+        eager's verdict.
         """
         if not plain:
             return {}
@@ -244,7 +252,8 @@ class DomainParallel(torch.nn.Module):
                 codes.append(2 if name.startswith("edge") else 1)
             else:
                 codes.append(1 if node else 2 if edge else 0)
-        _check_agreed(codes, [name for name, _ in plain], g.spec.as_traced().group, self._flag_device)
+        _check_agreed(codes, [name for name, _ in plain], g.spec.as_traced().group, self._flag_device,
+                      self._trace_key)
         return {id(t): _KIND_CODES[c] for (_, t), c in zip(plain, codes) if c}
 
     def _agree_kinds(self, tensors: list[torch.Tensor]) -> list[tuple[bool, bool, bool]]:
@@ -467,19 +476,42 @@ def _flag_device(graph: ShardedGraph) -> torch.device:
 _KIND_CODES = {1: "node", 2: "edge", 3: "index"}
 
 
-def _check_agreed(codes: list[int], names: list[str], group, device: torch.device) -> None:
-    """Traced: every rank decided the same input kinds ``codes``, checked in the graph (one ``all_reduce`` of
-    ``(min, -max)``); where they differ, every rank raises at run time (all see the same agreed values)."""
+def _kinds_message(names: list[str]) -> str:
+    return (f"DomainParallel (compiled): the plain inputs {names} are not of one kind (node rows, edge rows, "
+            "graph.edge_index) on every rank; compiled, each rank decides from its own rows and the name: a tensor "
+            "with as many rows as nodes and edges on a rank (an empty rank) is an edge tensor only when its name "
+            "starts with 'edge'. Pass node tensors as ShardTensors, name edge tensors edge_*, pass "
+            "graph.edge_index itself")
+
+
+def _kinds_agree(codes: list[int], group, device: torch.device) -> torch.Tensor:
+    """Whether every rank decided the same input kinds ``codes`` (one ``all_reduce`` of ``(min, -max)``)."""
     mine = torch.tensor(codes, dtype=torch.long, device=device)
     both = comm.all_reduce_min(torch.stack([mine, -mine], 1), group)
-    torch._assert_async(
-        (both[:, 0] == -both[:, 1]).all(),
-        f"DomainParallel (compiled): the plain inputs {names} are not of one kind (node rows, edge rows, "
-        "graph.edge_index) on every rank; compiled, each rank decides from its own rows and the name: a tensor "
-        "with as many rows as nodes and edges on a rank (an empty rank) is an edge tensor only when its name "
-        "starts with 'edge'. Pass node tensors as ShardTensors, name edge tensors edge_*, pass graph.edge_index "
-        "itself",
-    )
+    return (both[:, 0] == -both[:, 1]).all()
+
+
+# (group, flag device) of each DomainParallel, by its ``_trace_key``: what _agreed_while_tracing needs,
+# looked up outside traced code (a constant function's arguments must be constants)
+_TRACE_GROUPS: dict[int, tuple[Any, torch.device]] = {}
+
+
+@torch._dynamo.assume_constant_result
+def _agreed_while_tracing(codes: tuple[int, ...], key: int) -> bool:
+    """The kinds agreement run once, eagerly, while dynamo traces (every rank traces on the same call: the
+    guards are decided from data identical on every rank). A rank whose own trace would fail later (e.g. a
+    plain tensor reaching a layer) would otherwise leave its peers waiting in the in-graph check."""
+    group, device = _TRACE_GROUPS[key]
+    return bool(_kinds_agree(list(codes), group, device))
+
+
+def _check_agreed(codes: list[int], names: list[str], group, device: torch.device, key: int) -> None:
+    """Traced: every rank decided the same input kinds ``codes``. Checked once while tracing (every rank raises
+    the same error then), and in the graph (one ``all_reduce``, the one eager runs; where they differ, every
+    rank raises at run time, as all see the same agreed values)."""
+    if not _agreed_while_tracing(tuple(codes), key):
+        raise ShardingError(_kinds_message(names))
+    torch._assert_async(_kinds_agree(codes, group, device), _kinds_message(names))
 
 
 def _top_message_passing(model: torch.nn.Module) -> list[MessagePassing]:

@@ -69,7 +69,9 @@ queries replicated, keys sharded    one max ``all_reduce`` (rows) + one sum     
 batch dim sharded                   none                                             none
 ==================================  ===============================================  ===========================
 
-plus one ``all_to_all`` per gathered key-padding mask.
+plus one ``all_to_all`` per gathered key-padding mask. Compiled, each ``ring_shift`` is one
+``all_to_all_single`` and the ring backward issues ``P`` of them (blocks and gradients travel together;
+see :class:`_RingAttention`).
 """
 
 from __future__ import annotations
@@ -155,7 +157,28 @@ def _batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]
 
 
 class _RingAttention(torch.autograd.Function):
-    """Exact attention of sharded queries to sharded keys/values, blocks passed around the ring."""
+    """Exact attention of sharded queries to sharded keys/values, blocks passed around the ring.
+
+    **Compiled** (``torch.compile``, ``fullgraph=True``): dynamo traces this Function, forward and
+    backward, into the graphs; each ring step is an ``all_to_all_single`` (a functional collective,
+    :func:`meshshard.comm.ring_shift`) instead of ``isend``/``irecv``, with the same arithmetic, so the
+    result equals eager's. Two differences, both about keeping every rank's collectives in step:
+
+    * AOTAutograd's partitioner moves a collective that does not depend on the output gradient into the
+      forward graph (it never recomputes collectives). On a rank with no query rows, or whose block is
+      empty, the backward's ring steps would depend only on forward values, so its backward collectives
+      would run during the forward while its peers' run in the backward: a hang. The backward therefore
+      starts from the key/value blocks plus ``sum`` of an empty slice of ``dout`` (exactly ``+ 0.0``).
+    * The backward's two chains (the blocks, and their gradient accumulators) would be independent in
+      the graph, and a compiler may order independent collectives differently on ranks whose graphs
+      differ (an empty rank skips the block arithmetic). Compiled, each step sends the block and its
+      accumulated gradients together in one ``all_to_all_single`` (the same bytes), one chain: the
+      backward issues ``P`` collectives where eager issues ``2P - 1`` ``ring_shift``s; the forward's
+      ``P - 1`` are the same.
+
+    Memory is eager's (the Function saves the same tensors); the traced shifts do not overlap the block
+    arithmetic the way eager's non-blocking ``isend``/``irecv`` do unless the backend schedules them so.
+    """
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan) -> torch.Tensor:
@@ -212,11 +235,15 @@ class _RingAttention(torch.autograd.Function):
         dq = q.new_zeros((*batch, q.shape[-2], q.shape[-1]))
         grads_in = None  # the accumulated gradients of the block this rank works on, arriving from r - 1
         dkv = cur.new_zeros(cur.shape)
+        traced = torch.compiler.is_dynamo_compiling()
+        if traced:  # ties every ring step to ``dout`` (exactly + 0.0): see the docstring
+            cur = cur + dout.reshape(-1)[:0].sum()
         for t in range(world):
-            src = (rank - t) % world
+            src, nxt = (rank - t) % world, (*batch, sizes[(rank - t - 1) % world], width)
+            fused = traced and t < world - 1  # traced: the block and its gradients travel together (docstring)
             pending = None
-            if t < world - 1:
-                pending = comm.ring_shift(cur, (*batch, sizes[(rank - t - 1) % world], width), plan.group)
+            if t < world - 1 and not fused:
+                pending = comm.ring_shift(cur, nxt, plan.group)
                 if not OVERLAP:
                     pending.wait()
             dkv = cur.new_zeros((*batch, sizes[src], width))
@@ -231,8 +258,11 @@ class _RingAttention(torch.autograd.Function):
                 dkv = torch.cat([dk, dv], -1)
             if grads_in is not None:
                 dkv = dkv + grads_in.wait()
-            if world > 1:  # the block's gradients follow it; after the last step they reach the owner
-                grads_in = comm.ring_shift(dkv, (*batch, sizes[(rank - t - 1) % world], width), plan.group, tag=1)
+            if fused:
+                both = comm.ring_shift(torch.cat([cur, dkv], -1), (*nxt[:-1], 2 * width), plan.group).wait()
+                cur, grads_in = both[..., :width], comm.RingShift([], both[..., width:], plan.group)
+            elif world > 1:  # the block's gradients follow it; after the last step they reach the owner
+                grads_in = comm.ring_shift(dkv, nxt, plan.group, tag=1)
                 if not OVERLAP:
                     grads_in.wait()
             if pending is not None:
