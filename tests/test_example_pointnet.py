@@ -1,4 +1,8 @@
-"""examples/train_pointnet_drivaerml.py on a small store: 1, 2 and 3 ranks print the same losses and parameters."""
+"""examples/train_pointnet_drivaerml.py on a small store: 1 and 2 ranks print the same losses and parameters.
+
+Three uneven ranks with an empty one are proven for the same model by tests/nn/test_pointnet.py, and reading
+a store partitioned for 3 ranks by the CLI trainings of tests/cli/test_train.py.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,6 @@ def _run(store: Path, nproc: int) -> tuple[list[float], float]:
 def test_pointnet_example_trains_like_one_process(train_store):
     ref, ref_sum = _run(train_store, 1)
     assert ref[-1] < ref[0]
-    for nproc in (2, 3):
-        losses, checksum = _run(train_store, nproc)
-        assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, ref)), (nproc, losses, ref)
-        assert abs(checksum - ref_sum) <= 1e-5 * abs(ref_sum)
+    losses, checksum = _run(train_store, 2)
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(losses, ref)), (losses, ref)
+    assert abs(checksum - ref_sum) <= 1e-5 * abs(ref_sum)
