@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Under several xdist workers each worker (and every process it starts: ranks, torchrun jobs, README blocks)
+# uses one intra-op thread: two workers with two threads each on two cores fight over them, which made a
+# sample of the suite (tests/nn/test_transolver.py, tests/ops/test_neighbors.py, tests/partition) take
+# 104-128 s instead of 79-86 s. One process alone (``TEST_WORKERS=0``) keeps torch's default.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # ``make test`` runs ``pytest -n 2 --dist loadgroup``: tests go to whichever worker is free, except that the
 # tests of one group below run on one worker, one after the other.
