@@ -56,11 +56,13 @@ def test_transolver_plus_trains_alike_on_1_and_2_ranks_and_resumes_exactly(train
         assert res.returncode == 0, res.stderr[-3000:]
         runs[nproc] = [e["loss"] for e in log(tmp_path / f"pp{nproc}")]
     assert len(runs[1]) == STEPS and runs[2] == pytest.approx(runs[1], rel=2e-4)
+    # the resume on one rank (no torchrun, half the processes): the noise is keyed by point id and step, and
+    # the ranks draw the serial noise (above); resuming on several ranks: test_killed_run_resumes_...
     out = tmp_path / "pp_killed"
-    assert train(train_store, out, 2, "--model", "transolver++", env=crash_env(3)).returncode != 0
-    resumed = train(train_store, out, 2, "--model", "transolver++", "--resume")
+    assert train(train_store, out, 1, "--model", "transolver++", env=crash_env(3)).returncode != 0
+    resumed = train(train_store, out, 1, "--model", "transolver++", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [e["loss"] for e in log(out)] == pytest.approx(runs[2], rel=1e-6)
+    assert [e["loss"] for e in log(out)] == pytest.approx(runs[1], rel=1e-6)
 
 
 def test_model_options_default_to_the_transolver_config():
@@ -139,12 +141,12 @@ def test_meshgraphnet_1_and_2_ranks_follow_the_same_loss_trajectory(mgn_runs):
 
 
 def test_meshgraphnet_resume_and_evaluate(train_store, mgn_runs, tmp_path, capsys):
-    out = tmp_path / "killed"
-    crashed = _train_mgn(train_store, out, 2, env=crash_env(3))
+    out = tmp_path / "killed"  # on one rank, as the Transolver++ resume above
+    crashed = _train_mgn(train_store, out, 1, env=crash_env(3))
     assert crashed.returncode != 0
-    resumed = _train_mgn(train_store, out, 2, "--resume")
+    resumed = _train_mgn(train_store, out, 1, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _losses(out) == pytest.approx(_losses(mgn_runs / "p2"), rel=1e-6)
+    assert _losses(out) == pytest.approx(_losses(mgn_runs / "p1"), rel=1e-6)
     out_json = tmp_path / "eval.json"
     assert main(["evaluate", str(train_store), str(mgn_runs / "p1" / "checkpoint.pt"), "--json", str(out_json)]) == 0
     assert "relL2 p" in capsys.readouterr().out
