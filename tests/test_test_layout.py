@@ -34,6 +34,7 @@ CROSS_CUTTING = {
     "tensor/rules/test_adaptive.py": "adaptive pools of tensor/_rules/_grid.py (test_grid.py holds the other grid ops)",
     "test_boundary.py": "the library/applications boundary: no exit outside meshshard/cli, errors are Exceptions",
     "test_doctests.py": "runs every >>> example in the package's docstrings",
+    "test_conftest.py": "tests/conftest.py: which tests share a pytest-xdist worker",
     "nn/test_compile_graph.py": "torch.compile of the graph path across modules: nn/domain_parallel.py, ops/graph.py",
 }
 
