@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import comm
+from . import comm, faults
 from ._checks import check_finite_points, check_points, check_radius, points_problem
 from ._records import Record
 from ._sizes import owner_of, ring_bytes
@@ -54,6 +54,7 @@ def check_coordinate_tensor(x: ShardTensor | torch.Tensor, name: str = "points")
     return x
 
 
+@faults.entry
 def check_coordinates(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
     """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
 
@@ -223,6 +224,7 @@ class HaloPlan:
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
+    @faults.entry
     def build(
         cls,
         points: ShardTensor | torch.Tensor,
@@ -267,6 +269,7 @@ class HaloPlan:
 
 
     @classmethod
+    @faults.entry
     def from_ghost_ids(cls, points: ShardTensor | torch.Tensor, ghost_ids: torch.Tensor) -> HaloPlan:
         """The plan that brings exactly the points ``ghost_ids`` (global indices) to this rank.
 
@@ -374,6 +377,7 @@ class HaloPlan:
         table = torch.cat([table, table.new_full((1,), -1)])
         return table[torch.where(index >= 0, index, table.shape[0] - 1)]
 
+    @faults.entry
     def validate(self) -> HaloPlan:
         """Check the plan on this rank and across ranks; return ``self``.
 
@@ -413,6 +417,7 @@ class HaloPlan:
         return self
 
     # -- exchange -----------------------------------------------------------------------------------
+    @faults.entry
     def exchange(self, features: ShardTensor | torch.Tensor) -> torch.Tensor:
         """``[owned; ghosts]`` for a per-point tensor (differentiable).
 

@@ -39,7 +39,7 @@ import torch
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import comm
+from .. import comm, faults
 from .._sizes import offsets_of
 from ._preprocess import (
     PreprocessReport,
@@ -76,6 +76,7 @@ def _names(kind: str, field_names: Mapping[str, Sequence[str]]) -> list[str]:
     return ["pos", *field_names["volume"]]
 
 
+@faults.entry
 def preprocess_distributed(
     data_dir: str | os.PathLike[str],
     store_dir: str | os.PathLike[str],

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import faults
 from .._checks import check_positive_int, check_radius
 from ..errors import ShardingError
 from ..halo import HaloPlan, build_plan, check_coordinate_tensor, check_values
@@ -194,6 +195,7 @@ def _finish(
 
 
 # -- ops ---------------------------------------------------------------------------------------------
+@faults.entry
 def ball_query(
     points: ShardTensor | torch.Tensor,
     queries: ShardTensor | torch.Tensor | None,
@@ -296,6 +298,7 @@ def ball_query(
     return _finish(index, count, dist2, plan, queries, points.dtype, return_distances, kept_ids)
 
 
+@faults.entry
 def knn(
     points: ShardTensor | torch.Tensor,
     queries: ShardTensor | torch.Tensor | None,
