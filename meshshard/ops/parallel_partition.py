@@ -80,8 +80,7 @@ def _local_problem(local: torch.Tensor, w: torch.Tensor | None, first: int) -> s
     return nonnegative_problem(w.to(_F64), "weights", first_index=first)
 
 
-@faults.entry
-def repartition(
+def repartition(  # its collectives are named after repartition_with_payload, which it calls
     x: ShardTensor,
     method: str = "rcb",
     weights: ShardTensor | None = None,
