@@ -533,6 +533,18 @@ CASES = [
     ),
     ("preprocess/corrupt run", _preprocess_corrupt, V, r"boundary_1.vtp: could not be read"),
     (
+        "preprocess/unknown option",
+        lambda e: _preprocess(e.raw, e.tmp / "s8", part=(1,)),
+        T,
+        r"preprocess: unknown keyword argument\(s\) \['part'\] \(the store options are \['parts', ",
+    ),
+    (
+        "preprocess/options type",
+        lambda e: _preprocess(e.raw, e.tmp / "s9", options=(1, 2)),
+        T,
+        r"preprocess: options must be a PreprocessOptions \(got tuple\)",
+    ),
+    (
         "DrivaerMLDataset/missing store",
         lambda e: _dataset(e.tmp / "nope", mesh=None),
         F,
