@@ -539,6 +539,12 @@ CASES = [
         r"preprocess: unknown keyword argument\(s\) \['part'\] \(the store options are \['parts', ",
     ),
     (
+        "PreprocessOptions/unknown field",
+        lambda e: ms.datasets.PreprocessOptions().replace(part=(1,)),
+        T,
+        r"^PreprocessOptions: unknown keyword argument\(s\) \['part'\] \(the store options are \['parts', ",
+    ),
+    (
         "preprocess/options type",
         lambda e: _preprocess(e.raw, e.tmp / "s9", options=(1, 2)),
         T,
