@@ -33,6 +33,8 @@ __all__ = [
     "check_positive_int",
     "check_positive_real",
     "check_radius",
+    "nonfinite_message",
+    "nonfinite_rows",
     "nonnegative_problem",
     "points_problem",
 ]
@@ -144,17 +146,28 @@ def points_problem(local: torch.Tensor, name: str = "points", *, first_row: int 
     numbers rows as the global tensor does); :func:`check_finite_points` raises it. One reduction,
     which on CUDA costs one host sync.
     """
-    import torch
-
     if local.device.type == "meta":
         return f"{name} must hold data on a real device such as cpu or cuda (got a tensor on the 'meta' device)"
+    count, first = nonfinite_rows(local)
+    return None if count == 0 else nonfinite_message(name, count, first + first_row)
+
+
+def nonfinite_rows(local: torch.Tensor) -> tuple[int, int]:
+    """``(rows holding NaN/Inf, the first of them or -1)`` of ``(N, D)`` values (not on 'meta')."""
+    import torch
+
     finite = torch.isfinite(local.detach()).all(dim=1)
     if bool(finite.all()):
-        return None
+        return 0, -1
     bad = (~finite).nonzero()
-    count = bad.numel()
+    return bad.numel(), int(bad[0])
+
+
+def nonfinite_message(name: str, count: int, first_row: int, ranks: Sequence[int] | None = None) -> str:
+    """The one wording of "``count`` rows of ``name`` hold NaN/Inf, the first at global row ``first_row``"."""
     rows = "row" if count == 1 else "rows"
-    return f"{name} must be finite (found {count} {rows} with NaN/Inf, first at row {int(bad[0]) + first_row})"
+    where = "" if ranks is None else f", on rank{'' if len(ranks) == 1 else 's'} {', '.join(map(str, ranks))}"
+    return f"{name} must be finite (found {count} {rows} with NaN/Inf, first at row {first_row}{where})"
 
 
 def check_finite_points(points: torch.Tensor, name: str = "points") -> torch.Tensor:

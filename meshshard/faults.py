@@ -24,8 +24,14 @@ Timeouts: a collective blocked on a rank that is alive but stuck fails after the
 timeout (``meshshard.init_mesh(timeout=...)``, default ``MESHSHARD_TIMEOUT`` or 300 s); a dead
 rank's peers fail as soon as the backend sees the connection drop (immediately with gloo).
 
+Where: the message names the op being run (set by the dispatcher), the library function that issued the
+collective (:func:`entry`: ``HaloPlan.build``, ``ball_query``, ``slice_tokens`` ...) and the layer
+(:func:`layer`: ``PhysicsAttention.forward``, ``Transolver.forward`` ...), innermost first. All three
+come from context variables; no stack frame is inspected. Decorate a ``forward`` of your own with
+:func:`layer` to have it named too.
+
 On the success path this costs one boolean test per collective and one context-variable set and reset
-per sharded op (the op being run, which a failure message names): notes are written only when an
+per sharded op, library entry and layer call: notes are written only when an
 exception is already propagating. A rank that reported a failure and then
 completes a collective retracts its note (the group moved on, e.g. the exception was caught on
 every rank), so stale notes do not blame a rank for a later, unrelated failure.
@@ -35,13 +41,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 from ._op_names import op_name
@@ -51,8 +59,10 @@ __all__ = [
     "FAILURE_PREFIX",
     "VICTIM_PREFIX",
     "clear_reports",
+    "entry",
     "fault_wait_s",
     "install_excepthook",
+    "layer",
     "report_failure",
     "running_op",
     "report_failures",
@@ -72,9 +82,11 @@ _REPORTED = False
 #: one's own.
 _CURRENT_OP: contextvars.ContextVar[Any] = contextvars.ContextVar("meshshard_current_op", default=None)
 
-#: Modules of this package that are machinery, not callers worth naming: ``<package>.<first part>``.
-_PACKAGE = __name__.partition(".")[0]
-_MACHINERY = {f"{_PACKAGE}.{part}" for part in ("comm", "faults", "tensor", "testing")}
+#: The innermost library function issuing collectives (:func:`entry`) and layer (:func:`layer`) being run.
+_CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("meshshard_caller", default=None)
+_LAYER: contextvars.ContextVar[str | None] = contextvars.ContextVar("meshshard_layer", default=None)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def enter_op(func: Any) -> contextvars.Token:
@@ -99,6 +111,47 @@ def running_op(func: Any) -> Iterator[None]:
         yield
     finally:
         exit_op(token)
+
+
+def _naming(var: contextvars.ContextVar[str | None], fn: _F) -> _F:
+    """``fn``, which sets ``var`` to its qualified name while it runs (not while dynamo traces it)."""
+    label = fn.__qualname__.rsplit(".<locals>.", 1)[-1]
+
+    @functools.wraps(fn)
+    def named(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_dynamo_compiling():  # traced code has no context to name
+            return fn(*args, **kwargs)
+        token = var.set(label)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            var.reset(token)
+
+    return named  # type: ignore[return-value]
+
+
+def entry(fn: _F) -> _F:
+    """Decorator: a collective failing while ``fn`` runs names it (``all_to_all (in HaloPlan.build)``).
+
+    For the library's functions that issue collectives; the innermost decorated function is named.
+    Put it below ``@classmethod``/``@staticmethod``.
+    """
+    return _naming(_CALLER, fn)
+
+
+def layer(forward: _F) -> _F:
+    """Decorator for a module's ``forward``: a collective failing while it runs names the layer.
+
+    >>> class Pool(torch.nn.Module):
+    ...     @layer
+    ...     def forward(self, x):
+    ...         return _context()
+    >>> Pool()(None)
+    ' (in Pool.forward)'
+
+    The innermost decorated layer is named (``PhysicsAttention.forward`` inside ``Transolver.forward``).
+    """
+    return _naming(_LAYER, forward)
 
 
 def fault_wait_s() -> float:
@@ -216,33 +269,14 @@ def _retract() -> None:
 
 
 def _context() -> str:
-    """Where the failing collective was issued: the op being run, the innermost caller in this package, the layer.
+    """Where the failing collective was issued: the op being run, the library entry, the layer (innermost each).
 
-    The op comes from :data:`_CURRENT_OP`. The caller and the layer are read from the names of the
-    functions on the stack (their qualified names: ``PhysicsAttention.forward`` is the class that
-    defines the ``forward``); no frame's local variables are read.
+    Read from context variables (:data:`_CURRENT_OP`, :func:`entry`, :func:`layer`): no stack frame is inspected.
     """
     func = _CURRENT_OP.get()
-    op = op_name(func) if func is not None else None
-    layer = caller = None
-    frame = sys._getframe(1)
-    while frame is not None and (layer is None or caller is None):
-        code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
-        module = str(frame.f_globals.get("__name__", ""))
-        machinery = ".".join(module.split(".")[:2]) in _MACHINERY
-        if layer is None and not machinery and _is_layer_forward(code, name):
-            layer = name.rsplit(".<locals>.", 1)[-1]
-        elif caller is None and not machinery and module.startswith(f"{_PACKAGE}."):
-            caller = name
-        frame = frame.f_back
-    parts = [f"in {p}" for p in (op, caller, layer) if p]
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def _is_layer_forward(code: Any, qualname: str) -> bool:
-    """Whether ``code`` is a module's ``forward`` method (``self`` first: an autograd Function's has ``ctx``)."""
-    return code.co_name == "forward" and "." in qualname and code.co_argcount >= 1 and code.co_varnames[0] == "self"
+    parts = [op_name(func) if func is not None else None, _CALLER.get(), _LAYER.get()]
+    named = [f"in {p}" for p in parts if p]
+    return f" ({', '.join(named)})" if named else ""
 
 
 def _read(store: Any, key: str) -> str | None:

@@ -31,8 +31,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import comm
-from ._checks import check_finite_points, check_points, check_radius, points_problem
+from . import comm, faults
+from ._checks import (
+    check_finite_points,
+    check_points,
+    check_radius,
+    nonfinite_message,
+    nonfinite_rows,
+    points_problem,
+)
 from ._records import Record
 from ._sizes import owner_of, ring_bytes
 from .errors import ShardingError
@@ -54,6 +61,7 @@ def check_coordinate_tensor(x: ShardTensor | torch.Tensor, name: str = "points")
     return x
 
 
+@faults.entry
 def check_coordinates(x: ShardTensor | torch.Tensor, name: str = "points") -> ShardTensor | torch.Tensor:
     """``x`` if it is a floating ``(N, D)`` tensor of finite values, else an error naming ``name``.
 
@@ -70,7 +78,9 @@ def check_values(x: ShardTensor | torch.Tensor, name: str) -> None:
 
     On a ShardTensor each rank checks its shard. Under ``MESHSHARD_VALIDATE=1`` the verdicts are
     agreed (one small ``all_gather``, :func:`meshshard.comm.agree`), so a bad shard raises the same
-    error on every rank; by default there is no communication and only the bad rank raises.
+    error on every rank; by default there is no communication and only the bad rank raises. Ops that
+    build a plan anyway (:meth:`HaloPlan.build`, ball_query, knn) use :func:`value_verdict` instead: the
+    verdict rides in the plan's counts exchange and every rank raises, at no extra collective.
     """
     if not isinstance(x, ShardTensor):
         check_finite_points(x, name)
@@ -81,6 +91,65 @@ def check_values(x: ShardTensor | torch.Tensor, name: str) -> None:
         comm.agree(problem, spec.group, error_type=ValueError, what=f"{name} has bad values")
     elif problem is not None:
         raise ValueError(f"[rank {spec.rank}] {problem}")
+
+
+@dataclass(frozen=True)
+class ValueVerdict:
+    """One rank's NaN/Inf verdict on its shard of ``name``, left for :func:`build_plan` to agree."""
+
+    name: str
+    bad_rows: int = 0
+    first_row: int = -1  # global row; -1 when every row is finite
+
+
+#: The verdicts :func:`build_plan` agrees, in this order (a fixed layout: the same columns on every rank).
+_VERDICT_NAMES = ("points", "queries")
+
+
+def value_verdict(x: ShardTensor | torch.Tensor, name: str) -> tuple[ValueVerdict, ...]:
+    """:func:`check_values`, except that a ShardTensor's NaN/Inf rows are returned, not raised.
+
+    Pass the result to :func:`build_plan` (``verdicts=``): it folds them into its counts ``all_to_all``
+    and every rank raises the same error, naming the bad rank(s) and the first bad global row. A
+    plain tensor, a 'meta' shard, or any tensor under ``MESHSHARD_VALIDATE=1`` is checked at once
+    (:func:`check_values`) and gives ``()``.
+    """
+    if not isinstance(x, ShardTensor) or comm.validate_enabled() or x.to_local().device.type == "meta":
+        check_values(x, name)
+        return ()
+    count, first = nonfinite_rows(x.to_local())
+    return (ValueVerdict(name, count, first + x.spec.offsets[x.spec.rank] if count else -1),)
+
+
+def _none_of(r2: float | torch.Tensor) -> float | torch.Tensor:
+    """``r2`` for no queries: a scalar radius as it is, per-query radii emptied."""
+    return r2[:0] if isinstance(r2, torch.Tensor) else r2
+
+
+def _exchange_counts(
+    counts: torch.Tensor, verdicts: Sequence[ValueVerdict], group: dist.ProcessGroup | None, rank: int
+) -> torch.Tensor:
+    """The peers' candidate counts (``(P, 1)`` int64), the value verdicts riding along; raises on every rank.
+
+    Each row sent carries ``[count, bad rows, first bad row]`` for points and queries, so every
+    rank learns every rank's verdict in the exchange the plan does anyway.
+    """
+    world = counts.shape[0]
+    flags = [-1] * (2 * len(_VERDICT_NAMES))
+    flags[::2] = [0] * len(_VERDICT_NAMES)
+    for v in verdicts:
+        slot = _VERDICT_NAMES.index(v.name)
+        flags[2 * slot: 2 * slot + 2] = [v.bad_rows, v.first_row]
+    row = torch.tensor(flags, dtype=counts.dtype, device=counts.device).expand(world, -1)
+    got = comm.all_to_all(torch.cat([counts.reshape(world, 1), row], 1), [1] * world, [1] * world, group)
+    if verdicts and bool((got[:, 1::2] > 0).any()):
+        table = got[:, 1:].tolist()
+        for slot, name in enumerate(_VERDICT_NAMES):
+            bad = [(r, f[2 * slot], f[2 * slot + 1]) for r, f in enumerate(table) if f[2 * slot] > 0]
+            if bad:
+                message = nonfinite_message(name, sum(b[1] for b in bad), min(b[2] for b in bad), [b[0] for b in bad])
+                raise ValueError(f"[rank {rank}] {message}")
+    return got[:, :1]
 
 
 # -- pure plan core (no communication) -------------------------------------------------------------
@@ -223,6 +292,7 @@ class HaloPlan:
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
+    @faults.entry
     def build(
         cls,
         points: ShardTensor | torch.Tensor,
@@ -254,19 +324,22 @@ class HaloPlan:
 
         **Communication:** one ``all_gather`` of ``(2 D + 1)`` float64 per rank (none with
         ``regions``), then three ``all_to_all``: ``P`` int64 counts, ``(D + 1)`` float64 per
-        candidate ghost, and one byte per candidate back. Nothing on a plain tensor.
+        candidate ghost, and one byte per candidate back. Nothing on a plain tensor. NaN/Inf rows of
+        ``points`` or ``queries`` on any rank ride in the counts ``all_to_all``: every rank then raises the
+        same ``ValueError`` (naming the bad ranks and the first bad global row), no collective added.
         """
-        check_coordinates(points, "points")
+        verdicts = value_verdict(check_coordinate_tensor(points, "points"), "points")
         if queries is not None and queries is not points:
-            check_coordinates(queries, "queries")
+            verdicts += value_verdict(check_coordinate_tensor(queries, "queries"), "queries")
         if regions is not None and isinstance(radius, torch.Tensor):
             raise ValueError("regions can only be used with a scalar radius (got per-query radii)")
         if not isinstance(radius, torch.Tensor):
             radius = check_radius(radius)
-        return build_plan(points, queries, _r2_of(radius), regions=regions, backend=backend)
+        return build_plan(points, queries, _r2_of(radius), regions=regions, backend=backend, verdicts=verdicts)
 
 
     @classmethod
+    @faults.entry
     def from_ghost_ids(cls, points: ShardTensor | torch.Tensor, ghost_ids: torch.Tensor) -> HaloPlan:
         """The plan that brings exactly the points ``ghost_ids`` (global indices) to this rank.
 
@@ -374,6 +447,7 @@ class HaloPlan:
         table = torch.cat([table, table.new_full((1,), -1)])
         return table[torch.where(index >= 0, index, table.shape[0] - 1)]
 
+    @faults.entry
     def validate(self) -> HaloPlan:
         """Check the plan on this rank and across ranks; return ``self``.
 
@@ -413,6 +487,7 @@ class HaloPlan:
         return self
 
     # -- exchange -----------------------------------------------------------------------------------
+    @faults.entry
     def exchange(self, features: ShardTensor | torch.Tensor) -> torch.Tensor:
         """``[owned; ghosts]`` for a per-point tensor (differentiable).
 
@@ -460,11 +535,13 @@ def build_plan(
     *,
     regions: torch.Tensor | None = None,
     backend: str | None = None,
+    verdicts: Sequence[ValueVerdict] = (),
 ) -> HaloPlan:
     """`HaloPlan.build` from the squared radius (scalar, or exact per-query float64 bounds).
 
     For the ops of this package, which have checked the coordinates and the radius already:
-    nothing is checked here.
+    nothing is checked here, except that ``verdicts`` (:func:`value_verdict`) are agreed in the
+    counts exchange and raised on every rank. A rank with bad values takes part with no points.
     """
     if queries is None:
         queries = points
@@ -488,6 +565,8 @@ def build_plan(
     group, rank, world = spec.group, spec.rank, spec.num_ranks
     local_points = points.to_local().detach()
     local_queries = local_of(queries).detach()
+    if any(v.bad_rows for v in verdicts):  # every rank raises after the counts: no NaN goes into the plan
+        local_points, local_queries, r2 = local_points[:0], local_queries[:0], _none_of(r2)
     dim = local_points.shape[1]
     device = local_points.device
     if regions is not None:
@@ -507,7 +586,7 @@ def build_plan(
         boxes = comm.all_gather(_query_box(local_queries, r2), group)
     dest, cand_local = _candidates(local_points, boxes, rank)
     cand_counts = torch.bincount(dest, minlength=world)
-    peer_counts = comm.all_to_all(cand_counts.reshape(world, 1), [1] * world, [1] * world, group)
+    peer_counts = _exchange_counts(cand_counts, verdicts, group, rank)
     send_c = cand_counts.tolist()
     recv_c = peer_counts.reshape(-1).tolist()
     payload = torch.cat(

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import faults
 from ._atomic import atomic_write
 from ._checks import check_choice, check_positive_int, check_positive_real
 from .comm import all_gather_object, all_reduce, barrier, group_rank_and_size
@@ -551,6 +552,7 @@ class _Run:
         return self.mesh.get_group(0) if self.cfg.dp > 1 else None
 
 
+@faults.entry
 def train(cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train; return a summary (final loss, losses per step, per-rank points and peak memory).
 
@@ -729,6 +731,7 @@ def _progress_bar(cfg: TrainConfig, start: int) -> Any:
     return bar
 
 
+@faults.entry
 def evaluate(store: str, checkpoint: str, split: str = "test", out: str | None = None) -> dict[str, Any]:
     """Relative L2 per field and drag/lift coefficients on every run of ``split``.
 

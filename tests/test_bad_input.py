@@ -120,6 +120,16 @@ def _preprocess_corrupt(e):
     return report
 
 
+def _curator_density(e, value):
+    from meshshard.datasets import CuratorDrivaerML
+    from meshshard.testing.curator import write_curator_runs
+
+    root = e.tmp / f"curator_density_{value}"
+    if not root.exists():
+        write_curator_runs(e.raw, root, fmt="npz", runs=[1], volume=False, air_density=value)
+    return CuratorDrivaerML(root, volume=False)
+
+
 def _second_mesh_binary_op(e):
     other = ms.ShardTensor.from_local(e.pts, ms.init_mesh(), sizes=[20])
     return e.x + other
@@ -533,6 +543,24 @@ CASES = [
     ),
     ("preprocess/corrupt run", _preprocess_corrupt, V, r"boundary_1.vtp: could not be read"),
     (
+        "preprocess/unknown option",
+        lambda e: _preprocess(e.raw, e.tmp / "s8", part=(1,)),
+        T,
+        r"preprocess: unknown keyword argument\(s\) \['part'\] \(the store options are \['parts', ",
+    ),
+    (
+        "PreprocessOptions/unknown field",
+        lambda e: ms.datasets.PreprocessOptions().replace(part=(1,)),
+        T,
+        r"^PreprocessOptions: unknown keyword argument\(s\) \['part'\] \(the store options are \['parts', ",
+    ),
+    (
+        "preprocess/options type",
+        lambda e: _preprocess(e.raw, e.tmp / "s9", options=(1, 2)),
+        T,
+        r"preprocess: options must be a PreprocessOptions \(got tuple\)",
+    ),
+    (
         "DrivaerMLDataset/missing store",
         lambda e: _dataset(e.tmp / "nope", mesh=None),
         F,
@@ -738,6 +766,18 @@ CASES = [
         r"num_ranks must be at least 1 \(got 0\)",
     ),
     ("CuratorDrivaerML/missing", lambda e: ms.datasets.CuratorDrivaerML(e.tmp / "nope"), F, r"is not a directory"),
+    (
+        "CuratorDrivaerML/negative density",
+        lambda e: _curator_density(e, -1.2),
+        V,
+        r"^run_1\.npz: metadata 'air_density' must be positive and finite \(got -1\.2\)$",
+    ),
+    (
+        "CuratorDrivaerML/infinite density",
+        lambda e: _curator_density(e, float("inf")),
+        V,
+        r"^run_1\.npz: metadata 'air_density' must be positive and finite \(got inf\)$",
+    ),
     ("load_meta/missing", lambda e: ms.datasets.load_meta(e.tmp / "nope"), F, r"meta.json not found"),
     ("TransolverConfig/zero width", lambda e: ms.nn.TransolverConfig(n_hidden=0), V, r"n_hidden must be at least 1"),
     (

@@ -18,6 +18,8 @@ from meshshard._checks import (
     check_positive_int,
     check_positive_real,
     check_radius,
+    nonfinite_message,
+    nonfinite_rows,
     nonnegative_problem,
     points_problem,
 )
@@ -133,6 +135,18 @@ def test_points_problem_numbers_the_first_bad_row_and_counts_rows_not_values():
     # a shard numbers its rows as the global tensor does
     assert points_problem(pts, first_row=10) == "points must be finite (found 2 rows with NaN/Inf, first at row 12)"
     assert points_problem(torch.zeros(0, 3)) is None
+
+
+def test_nonfinite_rows_and_message_are_the_parts_of_points_problem():
+    pts = torch.zeros(5, 2)
+    assert nonfinite_rows(pts) == (0, -1)
+    pts[3, 0], pts[4, 1] = float("inf"), float("nan")
+    assert nonfinite_rows(pts) == (2, 3)
+    # the message agreed over ranks names them
+    assert nonfinite_message("points", 1, 7, [1]) == (
+        "points must be finite (found 1 row with NaN/Inf, first at row 7, on rank 1)"
+    )
+    assert nonfinite_message("queries", 3, 0, [0, 2]).endswith("first at row 0, on ranks 0, 2)")
 
 
 def test_points_problem_refuses_data_less_tensors():

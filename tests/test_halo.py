@@ -234,6 +234,40 @@ def _nan_on_rank_one():
     return None
 
 
+def _nan_on_some_ranks(bad_ranks):
+    """HaloPlan.build by default (no MESHSHARD_VALIDATE): NaN rows on ``bad_ranks`` of the points, then the queries."""
+    mesh = ms.init_mesh()
+    pts = torch.rand(9, 3, generator=torch.Generator().manual_seed(0))
+    rows = {0: 1, 1: 7, 2: 8}  # sizes 4, 4, 1: global row 1 on rank 0, 7 on rank 1, 8 on rank 2
+    found = []
+    for what in ("points", "queries"):
+        bad = pts.clone()
+        for r in bad_ranks:
+            bad[rows[r], 2] = float("inf") if r == 2 else float("nan")
+        x = ms.scatter(pts, [4, 4, 1], mesh)
+        y = ms.scatter(bad, [4, 4, 1], mesh)
+        with ms.CommCounter() as counter:
+            try:
+                HaloPlan.build(y, 0.3) if what == "points" else HaloPlan.build(x, 0.3, queries=y)
+            except ValueError as exc:
+                found.append((str(exc), dict(counter.counts)))
+    return found
+
+
+@pytest.mark.parametrize("bad_ranks", [(1,), (0, 2)])
+def test_bad_points_on_some_ranks_raise_the_same_error_on_every_rank_at_no_extra_collective(bad_ranks):
+    # the verdict rides in the plan's counts all_to_all: one all_gather and one all_to_all, then every rank raises
+    first = {(1,): 7, (0, 2): 1}[bad_ranks]
+    ranks = "rank 1" if bad_ranks == (1,) else "ranks 0, 2"
+    rows = "1 row" if bad_ranks == (1,) else "2 rows"
+    for rank, found in enumerate(run_distributed(_nan_on_some_ranks, 3, bad_ranks)):
+        assert [m for m, _ in found] == [
+            f"[rank {rank}] {name} must be finite (found {rows} with NaN/Inf, first at row {first}, on {ranks})"
+            for name in ("points", "queries")
+        ]
+        assert all(counts == {"all_gather": 1, "all_to_all": 1} for _, counts in found), found
+
+
 def test_bad_points_on_one_rank_raise_the_same_error_on_every_rank_under_validate():
     found = run_distributed(_nan_on_rank_one, 3)
     for rank, message in enumerate(found):

@@ -1,4 +1,4 @@
-"""What the subcommands share: argparse value types, the help formatter, model options, store checks.
+"""What the subcommands share in their parsers: the command shape, argparse value types, help formatter, model options.
 
 Standard library only at import time (``meshshard --help`` imports no torch, numpy or VTK).
 """
@@ -6,7 +6,7 @@ Standard library only at import time (``meshshard --help`` imports no torch, num
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Callable
 from typing import Any
 
 from .._checks import check_positive_int
@@ -14,19 +14,29 @@ from .._config import PARTITION_METHODS, TransolverConfig
 from ..errors import UsageError
 
 __all__ = [
+    "add_command",
     "METHODS",
     "Formatter",
     "add_model_args",
-    "check_out_file",
-    "check_out_folder",
-    "check_parts",
-    "load_store_meta",
     "model_config",
     "positive_float",
     "positive_int",
 ]
 
 METHODS = PARTITION_METHODS
+
+
+def add_command(
+    subparsers: Any, name: str, run: Callable[[argparse.Namespace], int],
+    formatter_class: type[argparse.HelpFormatter], *, summary: str, description: str,
+) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``, which calls ``run(args)``: the one shape of every ``meshshard COMMAND``.
+
+    ``summary`` is its line in ``meshshard --help``, ``description`` the text of ``meshshard name --help``.
+    """
+    parser = subparsers.add_parser(name, help=summary, description=description, formatter_class=formatter_class)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def positive_int(text: str) -> int:
@@ -82,48 +92,3 @@ def model_config(command: str, args: argparse.Namespace) -> TransolverConfig:
         )
     return TransolverConfig(n_hidden=args.n_hidden, n_layers=args.n_layers, n_head=args.n_head,
                             slice_num=args.slice_num, mlp_ratio=args.mlp_ratio)
-
-
-def load_store_meta(command: str, store: str) -> dict[str, Any]:
-    """The store's ``meta.json``, or a one-line usage error saying what is wrong with ``store``."""
-    if not os.path.isdir(store):
-        raise UsageError(f"meshshard {command}: store not found: {store} (write one with 'meshshard preprocess')")
-    path = os.path.join(store, "meta.json")
-    if not os.path.isfile(path):
-        raise UsageError(f"meshshard {command}: {store} is not a store (no meta.json); run 'meshshard preprocess'")
-    from ..datasets import load_meta  # the one reader: format and file names checked
-
-    try:
-        meta = load_meta(store)
-        meta["order_of"]  # noqa: B018  (present in every store format)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"meshshard {command}: cannot read {path} ({type(exc).__name__}: {exc})") from None
-    return meta
-
-
-def check_parts(command: str, store: str, meta: dict[str, Any], ranks: int, dp: int) -> None:
-    """The store must serve the per-sample part count ``ranks / dp``: checked before any rank starts."""
-    if ranks % dp:
-        raise UsageError(f"meshshard {command}: --dp {dp} must divide the number of ranks ({ranks})")
-    parts = ranks // dp
-    served = sorted(int(p) for p in meta["order_of"])
-    if str(parts) not in meta["order_of"]:
-        how = f"{ranks} ranks" + (f" / --dp {dp}" if dp > 1 else "")
-        raise UsageError(
-            f"meshshard {command}: the store {store} has no partition for P={parts} ({how}); it serves P in "
-            f"{served}: preprocess again with --parts {' '.join(str(p) for p in sorted({*served, parts}))}, "
-            f"or choose --nproc so that --nproc / --dp is one of {served}"
-        )
-
-
-def check_out_folder(command: str, out: str) -> None:
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"meshshard {command}: --out must be a folder, but {out} is a file")
-
-
-def check_out_file(command: str, option: str, path: str) -> None:
-    if os.path.isdir(path):
-        raise UsageError(f"meshshard {command}: {option} must be a file name (got the folder {path})")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"meshshard {command}: {option}: folder {folder} does not exist")

@@ -28,7 +28,8 @@ from typing import Any
 
 from .._config import TransolverConfig
 from ..errors import RunFailed, UsageError
-from ._common import Formatter, check_out_folder, positive_int
+from ._common import Formatter, add_command, positive_int
+from ._inputs import check_out_folder
 
 __all__ = ["DEMO_MODEL", "demo", "register", "run"]
 
@@ -38,15 +39,14 @@ DEMO_MODEL = TransolverConfig(n_hidden=64, n_layers=3, n_head=4, slice_num=16, m
 
 def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Formatter) -> None:
     """Add the ``demo`` subcommand to an ``argparse`` subparsers object."""
-    p = subparsers.add_parser(
-        "demo",
-        help="synthesise DrivaerML-like runs, train a sharded Transolver on N CPU ranks, compare with 1 process",
+    p = add_command(
+        subparsers, "demo", run, formatter_class,
+        summary="synthesise DrivaerML-like runs, train a sharded Transolver on N CPU ranks, compare with 1 process",
         description=(
             "The main job on embedded synthetic data: synthesise runs, preprocess them, train the sharded "
             "Transolver on --nproc ranks (torchrun, gloo), evaluate, write partition VTK files and a PNG, and "
             "compare with the same training in one process."
         ),
-        formatter_class=formatter_class,
     )
     p.add_argument("--out", default="demo_out", help="output folder")
     p.add_argument("--nproc", type=positive_int, default=2, help="ranks")
@@ -54,7 +54,6 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
     p.add_argument("--surface-cells", type=positive_int, default=8000, help="surface cells per run")
     p.add_argument("--steps", type=positive_int, default=150, help="training steps")
     p.add_argument("--no-single", action="store_true", help="skip the single-process comparison")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

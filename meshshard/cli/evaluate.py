@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 from ..errors import UsageError
-from ._common import Formatter, check_parts, load_store_meta, positive_int
+from ._common import Formatter, add_command, positive_int
+from ._inputs import check_parts, load_store_meta
 from ._launch import ranks, relaunch
 
 __all__ = ["register", "run"]
@@ -15,22 +16,20 @@ __all__ = ["register", "run"]
 
 def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Formatter) -> None:
     """Add the ``evaluate`` subcommand to an ``argparse`` subparsers object."""
-    p = subparsers.add_parser(
-        "evaluate",
-        help="relative L2 per field and Cd/Cl of a checkpoint on a split",
+    p = add_command(
+        subparsers, "evaluate", run, formatter_class,
+        summary="relative L2 per field and Cd/Cl of a checkpoint on a split",
         description=(
             "Evaluate a checkpoint written by 'meshshard train' on every run of a split of the store: relative "
             "L2 error of pressure and wall shear stress, and the drag coefficient from the predicted fields, "
             "from the stored fields and from the raw data's force_mom_i.csv (when its folder is still there)."
         ),
-        formatter_class=formatter_class,
     )
     p.add_argument("store", metavar="STORE", help="a store written by 'meshshard preprocess'")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint.pt written by 'meshshard train'")
     p.add_argument("--split", choices=("train", "val", "test", "all"), default="test", help="runs to evaluate")
     p.add_argument("--nproc", type=positive_int, default=1, help="ranks to launch with torchrun")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    p.set_defaults(func=run)
 
 
 def _check_checkpoint(path: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ._common import METHODS, Formatter
+from ._common import METHODS, Formatter, add_command
 
 __all__ = ["register", "run", "format_quality"]
 
@@ -22,15 +22,14 @@ _TABLE_ROWS = 32
 
 def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Formatter) -> None:
     """Add the ``partition`` subcommand to an ``argparse`` subparsers object."""
-    parser = subparsers.add_parser(
-        "partition",
-        help="partition a point cloud (.npy) or mesh (.vtp/.vtu/.vtk/.stl/.ply/.obj) and print its quality",
+    parser = add_command(
+        subparsers, "partition", run, formatter_class,
+        summary="partition a point cloud (.npy) or mesh (.vtp/.vtu/.vtk/.stl/.ply/.obj) and print its quality",
         description=(
             f"Partition {FORMATS} (a mesh by cell centroid) into parts, print per-part sizes and ghost counts, "
             "and optionally write partition.pt, ParaView files (one piece per part with ghosts marked by "
             "vtkGhostType, and FieldData naming the method, parts, ghost radius, imbalance and version) and a PNG."
         ),
-        formatter_class=formatter_class,
     )
     parser.add_argument("input", metavar="INPUT", help=FORMATS)
     parser.add_argument("--parts", type=int, default=8, help="number of parts (at most the number of points/cells)")
@@ -45,7 +44,6 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
     parser.add_argument("--no-ghosts", action="store_true", help="do not write ghost points/cells into --out")
     parser.add_argument("--out", default=None, help="folder for partition.pt and the VTK pieces (partitions.pvtp)")
     parser.add_argument("--png", default=None, help="render the parts to this PNG file")
-    parser.set_defaults(func=run)
 
 
 def _fail(message: str) -> UsageError:

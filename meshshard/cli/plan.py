@@ -9,29 +9,21 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from ._common import (
-    METHODS,
-    Formatter,
-    add_model_args,
-    check_out_file,
-    model_config,
-    positive_float,
-    positive_int,
-)
+from ._common import METHODS, Formatter, add_command, add_model_args, model_config, positive_float, positive_int
+from ._inputs import check_out_file
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Formatter) -> None:
     """Add the ``plan`` subcommand to an ``argparse`` subparsers object."""
-    p = subparsers.add_parser(
-        "plan",
-        help="capacity planning: per-rank points, ghosts, halo bytes and activation memory for P ranks",
+    p = add_command(
+        subparsers, "plan", run, formatter_class,
+        summary="capacity planning: per-rank points, ghosts, halo bytes and activation memory for P ranks",
         description=(
             "Partition a cloud and build every rank's halo plan in ONE process, for any number of parts, and "
             "estimate per-rank activation memory of a Transolver: plan clusters you do not have."
         ),
-        formatter_class=formatter_class,
     )
     p.add_argument("--points", type=positive_int, default=None, help="synthetic car-surface-like cloud of N points")
     p.add_argument("--data", default=None, help="a .npy (N, 3) file or a mesh (.vtp/.vtu/.vtk/.stl/.ply/.obj; cell "
@@ -52,7 +44,6 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
     p.add_argument("--json", default=None, help="also write the report to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_model_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

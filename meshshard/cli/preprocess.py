@@ -8,16 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ._common import METHODS, Formatter
+from ._common import METHODS, Formatter, add_command
 
 __all__ = ["register", "run"]
 
 
 def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Formatter) -> None:
     """Add the ``preprocess`` subcommand to an ``argparse`` subparsers object."""
-    parser = subparsers.add_parser(
-        "preprocess",
-        help="partition DrivaerML runs into a store that ranks read slice by slice",
+    parser = add_command(
+        subparsers, "preprocess", run, formatter_class,
+        summary="partition DrivaerML runs into a store that ranks read slice by slice",
         description=(
             "Read every run_i of a DrivaerML-layout folder (surface boundary_i.vtp and/or volume "
             "volume_i.vtu), compute volume signed distances to drivaer_i.stl, partition the cell "
@@ -28,7 +28,6 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
             "with repartition and every rank writes its rows of the store (--workers is ignored; raw DrivaerML "
             "layout only)."
         ),
-        formatter_class=formatter_class,
     )
     parser.add_argument(
         "data_dir", metavar="DATA_DIR", help="folder holding run_<i>/ sub-folders (or curator run_<i>.zarr/.npz)"
@@ -54,7 +53,6 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
     parser.add_argument("--sdf-backend", choices=("auto", "igl", "warp"), default="auto",
                         help="signed-distance backend for --volume (auto: warp if installed, else libigl)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

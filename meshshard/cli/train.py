@@ -6,16 +6,8 @@ import argparse
 from typing import Any
 
 from ..errors import UsageError
-from ._common import (
-    Formatter,
-    add_model_args,
-    check_out_folder,
-    check_parts,
-    load_store_meta,
-    model_config,
-    positive_float,
-    positive_int,
-)
+from ._common import Formatter, add_command, add_model_args, model_config, positive_float, positive_int
+from ._inputs import check_out_folder, check_parts, load_store_meta
 from ._launch import ranks, relaunch, under_torchrun
 
 __all__ = ["register", "run"]
@@ -23,16 +15,15 @@ __all__ = ["register", "run"]
 
 def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Formatter) -> None:
     """Add the ``train`` subcommand to an ``argparse`` subparsers object."""
-    p = subparsers.add_parser(
-        "train",
-        help="train the Transolver surrogate on a store (domain-parallel with --nproc > 1)",
+    p = add_command(
+        subparsers, "train", run, formatter_class,
+        summary="train the Transolver surrogate on a store (domain-parallel with --nproc > 1)",
         description=(
             "Domain-parallel training of a Transolver on surface pressure and wall shear stress. With --nproc N "
             "it relaunches itself under torchrun (gloo on CPU, NCCL on CUDA); --dp D makes a 2-D mesh. The store "
             "must be partitioned for P = N / D (meshshard preprocess --parts P). A progress bar shows on a "
             "terminal; loss lines every --log-every steps."
         ),
-        formatter_class=formatter_class,
     )
     p.add_argument("store", metavar="STORE", help="a store written by 'meshshard preprocess'")
     p.add_argument("--out", required=True, help="folder for checkpoint.pt, log.jsonl, train_summary.json")
@@ -53,7 +44,6 @@ def register(subparsers: Any, formatter_class: type[argparse.HelpFormatter] = Fo
     p.add_argument("--knn", dest="knn_k", metavar="K", type=positive_int, default=6,
                    help="meshgraphnet: neighbours per point")
     add_model_args(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from ..errors import DatasetError
 #: public name -> submodule; imported on first use so that ``meshshard preprocess --help`` stays fast
 _EXPORTS = {
     "CuratorDrivaerML": "_curator",
+    "PreprocessOptions": "_preprocess",
     "PreprocessReport": "_preprocess",
     "load_meta": "_preprocess",
     "preprocess": "_preprocess",
@@ -39,7 +40,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._curator import CuratorDrivaerML
-    from ._preprocess import PreprocessReport, load_meta, preprocess
+    from ._preprocess import PreprocessOptions, PreprocessReport, load_meta, preprocess
     from .drivaerml import FIELD_UNITS, SURFACE_FIELDS, VOLUME_FIELDS, DrivaerML
     from .drivaerml_dataset import DrivaerMLDataset
     from .synthetic import RHO, U_INF, make_synthetic_drivaerml
@@ -50,6 +51,7 @@ __all__ = [
     "DrivaerML",
     "DrivaerMLDataset",
     "FIELD_UNITS",
+    "PreprocessOptions",
     "PreprocessReport",
     "RHO",
     "SURFACE_FIELDS",

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .._checks import check_choice
+from .._checks import check_choice, check_positive_real
 from ..errors import DatasetError
 from ._store import NpyHeader, read_rows
 from .drivaerml import open_root
@@ -228,10 +228,17 @@ class CuratorRun:
         if value is None:
             where = "attributes 'physics_constants' or top level" if self.format == "zarr" else "scalar arrays"
             raise DatasetError(f"{self.path.name}: metadata {key!r} missing (looked in {where})")
-        value = float(value)
-        if not np.isfinite(value) or value <= 0:
-            raise DatasetError(f"{self.path.name}: metadata {key!r} must be positive (got {value})")
-        return value
+        return _positive(value, f"{self.path.name}: metadata {key!r}")
+
+
+def _positive(value: object, name: str) -> float:
+    """``value`` as a positive finite float (:func:`~meshshard._checks.check_positive_real`), else a DatasetError."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    try:
+        return check_positive_real(value, name)
+    except (TypeError, ValueError) as err:
+        raise DatasetError(str(err)) from None
 
 
 def _variables(spec: Sequence[str] | Mapping[str, str] | None, default: dict[str, str]) -> dict[str, int]:
@@ -431,7 +438,9 @@ class CuratorDrivaerML:
         if kind == "surface":
             return np.full(columns, density * velocity**2)
         vertices = f.read("stl_coordinates").astype(np.float64).reshape(-1, 3)
-        length = float((vertices.max(0) - vertices.min(0)).max()) if len(vertices) else 0.0
+        extent = float((vertices.max(0) - vertices.min(0)).max()) if len(vertices) else 0.0
+        # the body's length scales the turbulent viscosity: zero would silently zero those columns
+        length = _positive(extent, f"{f.path.name}: the body's length (largest extent of 'stl_coordinates')")
         scale = np.full(columns, velocity * length)
         scale[:3] = velocity
         scale[3:4] = density * velocity**2

@@ -44,6 +44,8 @@ Why this layout
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import multiprocessing
 import os
@@ -52,7 +54,7 @@ import shutil
 import time
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -79,11 +81,63 @@ from ._store import (
 )
 from .drivaerml import FIELD_UNITS, DrivaerML
 
-__all__ = ["preprocess", "PreprocessReport", "load_meta", "SOURCES"]
+__all__ = ["preprocess", "PreprocessOptions", "PreprocessReport", "load_meta", "SOURCES"]
 
 _METHODS = PARTITION_METHODS
 #: Input layouts :func:`preprocess` reads.
 SOURCES = ("drivaerml", "physicsnemo-curator")
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    """What goes into a store: the options :func:`preprocess` and :func:`preprocess_distributed` share.
+
+    Pass one as ``options=``, or its fields as keywords (``preprocess(src, out, parts=(1, 2), volume=True)``);
+    keywords override the fields of ``options``. The fields are described in :func:`preprocess`.
+
+    >>> PreprocessOptions(parts=(1, 2)).replace(volume=True).volume
+    True
+    """
+
+    parts: Sequence[int] | int = (1, 2, 4)
+    method: str = "rcb"
+    surface: bool = True
+    volume: bool = False
+    splits: Sequence[float] = (0.8, 0.1, 0.1)
+    seed: int = 0
+    runs: Sequence[int] | None = None
+    fields: Sequence[str] | Mapping[str, Sequence[str]] | None = None
+    sdf_backend: str = "auto"
+    chunk_size: int = 1_000_000
+
+    def replace(self, *, where: str = "PreprocessOptions", **changes: Any) -> PreprocessOptions:
+        """A copy with ``changes`` (field names), or a ``TypeError`` naming the unknown keywords and ``where``."""
+        names = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(changes) - set(names))
+        if unknown:
+            raise TypeError(f"{where}: unknown keyword argument(s) {unknown} (the store options are {names})")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, options: PreprocessOptions | None, changes: Mapping[str, Any], where: str) -> PreprocessOptions:
+        """``options`` (default: the defaults) with ``changes``: how both entry points read their arguments."""
+        if options is None:
+            options = cls()
+        elif not isinstance(options, cls):
+            raise TypeError(f"{where}: options must be a PreprocessOptions (got {type(options).__name__})")
+        return options.replace(where=where, **changes)
+
+
+def with_option_keywords(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Show the :class:`PreprocessOptions` fields as keyword parameters of ``fn`` (its ``**options``) in help()."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params += [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(PreprocessOptions)
+    ]
+    fn.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return fn
 
 
 @dataclass
@@ -349,23 +403,16 @@ def check_args(
     return tuple(sorted({int(p) for p in parts}))
 
 
+@with_option_keywords
 def preprocess(
     data_dir: str | os.PathLike[str],
     store_dir: str | os.PathLike[str],
-    parts: Sequence[int] = (1, 2, 4),
-    method: str = "rcb",
-    surface: bool = True,
-    volume: bool = False,
-    workers: int = 2,
-    splits: Sequence[float] = (0.8, 0.1, 0.1),
-    seed: int = 0,
+    options: PreprocessOptions | None = None,
     *,
-    runs: Sequence[int] | None = None,
-    fields: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
-    sdf_backend: str = "auto",
-    chunk_size: int = 1_000_000,
+    workers: int = 2,
     progress: bool = True,
     source: str = "drivaerml",
+    **changes: Any,
 ) -> PreprocessReport:
     """Read DrivaerML runs, partition them and write a sharded store.
 
@@ -382,6 +429,8 @@ def preprocess(
 
     Parameters
     ----------
+    (``options``: a :class:`PreprocessOptions` holding ``parts`` to ``chunk_size``; or give those as keywords.)
+
     data_dir:
         A DrivaerML-layout folder (``run_i/boundary_i.vtp``, ...), or with
         ``source="physicsnemo-curator"`` a PhysicsNeMo-Curator output folder (``run_i.zarr`` or
@@ -429,10 +478,12 @@ def preprocess(
         also reported as a ``UserWarning``; the other runs and ``meta.json`` are still written.
     """
     started = time.perf_counter()
-    parts = check_args(parts, method, surface, volume, workers, chunk_size)
-    sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
+    opts = PreprocessOptions.of(options, changes, "preprocess")
+    method, surface, volume, splits, seed = opts.method, opts.surface, opts.volume, opts.splits, opts.seed
+    parts = check_args(opts.parts, method, surface, volume, workers, opts.chunk_size)
+    sdf_backend = resolve_backend(opts.sdf_backend) if volume else opts.sdf_backend
     kinds = selected_kinds(surface, volume)
-    reader = _open_source(source, data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
+    reader = _open_source(source, data_dir, runs=opts.runs, fields=opts.fields, surface=surface, volume=volume)
     variables = reader.variables if isinstance(reader, CuratorDrivaerML) else None
     field_names = stored_fields(reader, kinds)
     chains = tuple(tuple(c) for c in divisor_chains(parts))
@@ -464,7 +515,7 @@ def preprocess(
                     chains,
                     method,
                     sdf_backend,
-                    chunk_size,
+                    opts.chunk_size,
                     config,
                     source,
                     variables,

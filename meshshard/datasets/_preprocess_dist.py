@@ -39,9 +39,10 @@ import torch
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import comm
+from .. import comm, faults
 from .._sizes import offsets_of
 from ._preprocess import (
+    PreprocessOptions,
     PreprocessReport,
     check_args,
     order_key,
@@ -51,6 +52,7 @@ from ._preprocess import (
     selected_kinds,
     store_config,
     stored_fields,
+    with_option_keywords,
     write_meta,
 )
 from ._sdf import resolve_backend
@@ -76,26 +78,20 @@ def _names(kind: str, field_names: Mapping[str, Sequence[str]]) -> list[str]:
     return ["pos", *field_names["volume"]]
 
 
+@faults.entry
+@with_option_keywords
 def preprocess_distributed(
     data_dir: str | os.PathLike[str],
     store_dir: str | os.PathLike[str],
-    parts: Sequence[int] = (1, 2, 4),
-    method: str = "rcb",
-    surface: bool = True,
-    volume: bool = False,
-    splits: Sequence[float] = (0.8, 0.1, 0.1),
-    seed: int = 0,
+    options: PreprocessOptions | None = None,
     *,
-    runs: Sequence[int] | None = None,
-    fields: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
-    sdf_backend: str = "auto",
-    chunk_size: int = 1_000_000,
     mesh: DeviceMesh | None = None,
+    **changes: Any,
 ) -> PreprocessReport:
     """Build the store of :func:`~meshshard.datasets.preprocess` with every rank of a process group.
 
-    Call it on every rank (e.g. ``torchrun ... meshshard preprocess --volume``); arguments as
-    for :func:`~meshshard.datasets.preprocess` (``workers`` is replaced by the ranks). Needs a
+    Call it on every rank (e.g. ``torchrun ... meshshard preprocess --volume``); ``options`` (or its
+    fields as keywords) as for :func:`~meshshard.datasets.preprocess` (``workers`` is replaced by the ranks). Needs a
     CPU process group (gloo). See the module docstring for who reads, partitions and writes what.
 
     Returns the same :class:`PreprocessReport` on every rank.
@@ -112,7 +108,9 @@ def preprocess_distributed(
     group = mesh.get_group(mesh.ndim - 1)
     rank = mesh.get_local_rank(mesh.ndim - 1)
     world = mesh.size(mesh.ndim - 1)
-    parts = check_args(parts, method, surface, volume, 1, chunk_size)
+    opts = PreprocessOptions.of(options, changes, "preprocess_distributed")
+    method, surface, volume, splits, seed = opts.method, opts.surface, opts.volume, opts.splits, opts.seed
+    parts = check_args(opts.parts, method, surface, volume, 1, opts.chunk_size)
     chains = tuple(tuple(c) for c in divisor_chains(parts))
     for chain in chains:
         levels = [p for p in chain if p > 1]
@@ -121,9 +119,9 @@ def preprocess_distributed(
                 f"rank-parallel preprocessing serves RCB part counts that are powers of two, or any counts with "
                 f"morton/hilbert (got parts {list(parts)} with rcb: chain {list(chain)} is partitioned level by level)"
             )
-    sdf_backend = resolve_backend(sdf_backend) if volume else sdf_backend
+    sdf_backend = resolve_backend(opts.sdf_backend) if volume else opts.sdf_backend
     kinds = selected_kinds(surface, volume)
-    source = DrivaerML(data_dir, runs=runs, fields=fields, surface=surface, volume=volume)
+    source = DrivaerML(data_dir, runs=opts.runs, fields=opts.fields, surface=surface, volume=volume)
     field_names = stored_fields(source, kinds)
     config = store_config(method, chains, kinds, field_names)
     split = split_runs(source.runs, splits, seed)
@@ -140,7 +138,7 @@ def preprocess_distributed(
 
     report = PreprocessReport(store=store)
     job = _Job(
-        source, kinds, field_names, chains, method, sdf_backend, chunk_size, config, mesh, group, rank, world,
+        source, kinds, field_names, chains, method, sdf_backend, opts.chunk_size, config, mesh, group, rank, world,
         repartition_with_payload,
     )  # fmt: skip
     todo = []

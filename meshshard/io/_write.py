@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.distributed import ProcessGroup
 
-from .. import comm
+from .. import comm, faults
 from .._atomic import atomic_replace, atomic_replace_all
 from .._checks import check_positive_int, check_radius
 from .._sizes import offsets_of, owner_of
@@ -278,6 +278,7 @@ def _local_rows(value: Rows, name: str, n: int) -> np.ndarray:
 Rows = torch.Tensor | np.ndarray | ShardTensor
 
 
+@faults.entry
 def write_local_partition(
     local_points: Rows,
     path: PathLike,

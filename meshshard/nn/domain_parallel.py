@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.nn import GCNConv, MessagePassing
 
-from .. import comm
+from .. import comm, faults
 from .._op_names import op_name
 from ..errors import ShardingError, UnsupportedOpError
 from ..ops.graph import ShardedGraph
@@ -156,6 +156,7 @@ class DomainParallel(torch.nn.Module):
         return self.graph.spec is not None
 
     # -- forward --------------------------------------------------------------------------------
+    @faults.layer
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._calls = 0
         if self._sharded:

@@ -6,13 +6,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .. import comm
+from .. import comm, faults
 from .._lazy import if_imported
 from ..errors import ShardingError
 
 __all__ = ["sync_gradients"]
 
 
+@faults.entry
 def sync_gradients(module: torch.nn.Module, mesh: DeviceMesh, *, domain_dim: int | str | None = None) -> None:
     """Make every parameter's ``.grad`` the single-process gradient, on every rank.
 

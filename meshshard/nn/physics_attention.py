@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import faults
 from .._checks import check_choice, check_positive_int
 from .._keyed_random import gumbel_noise, step_seed
 from ..ops.slice_tokens import slice_tokens
@@ -317,6 +318,7 @@ class PhysicsAttention(nn.Module):
         out = torch.matmul(weights, tokens)  # (B, H, N, D): sum_g w_ng z'_g
         return self.to_out(out.transpose(-3, -2).flatten(-2))
 
+    @faults.layer
     def forward(
         self, x: torch.Tensor, seed: int | None = None, point_ids: torch.Tensor | None = None
     ) -> torch.Tensor:

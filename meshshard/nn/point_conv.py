@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import faults
 from .._checks import check_choice
 from ..ops.neighbors import Neighbors
 from ..tensor import ShardTensor, local_of
@@ -84,6 +85,7 @@ class PointConv(torch.nn.Module):
         layers.append(torch.nn.Linear(widths[-1], out_channels))
         self.mlp = torch.nn.Sequential(*layers)
 
+    @faults.layer
     def forward(
         self,
         x: torch.Tensor | None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import faults
 from .._checks import check_positive_int
 
 __all__ = ["PointNetSurrogate"]
@@ -47,6 +48,7 @@ class PointNetSurrogate(nn.Module):
         self.to_global = _block(width, global_dim)
         self.head = nn.Sequential(_block(width + global_dim, width), nn.Conv1d(width, out_dim, 1))
 
+    @faults.layer
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.local(x)
         g = self.to_global(h).max(dim=2, keepdim=True)[0]  # (B, global_dim, 1): the whole shape

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
+from .. import faults
 from .._checks import check_choice, check_positive_int
 from .._config import TransolverConfig
 from ..ops.slice_tokens import finish_slice_tokens, slice_sums
@@ -96,6 +97,7 @@ class TransolverBlock(nn.Module):
         x = x + self.attn(self.ln_1(x), seed, point_ids)
         return x + self.mlp(self.ln_2(x))
 
+    @faults.layer
     def forward(self, x: torch.Tensor, point_ids: torch.Tensor | None = None) -> torch.Tensor:
         # drawn outside the checkpoint so that the recomputation draws the same noise and masks
         seed = self.attn.next_seed()
@@ -288,6 +290,7 @@ class Transolver(nn.Module):
             h = h + self.cond_embed(condition).unsqueeze(-2)
         return h
 
+    @faults.layer
     def forward(
         self, x: torch.Tensor, condition: torch.Tensor | None = None, point_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -303,6 +306,7 @@ class Transolver(nn.Module):
             h = block(h, point_ids)
         return self.head(self.ln_out(h))
 
+    @faults.layer
     def chunked_forward(
         self, x: torch.Tensor, chunk_size: int, condition: torch.Tensor | None = None
     ) -> torch.Tensor:

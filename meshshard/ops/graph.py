@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import comm
+from .. import comm, faults
 from .._checks import check_positive_int
 from .._records import Record
 from .._sizes import offsets_of, owner_of, ring_bytes
@@ -148,6 +148,7 @@ class ShardedGraph:
         return self.edge_index[1] < self.num_owned
 
     # -- features ---------------------------------------------------------------------------------
+    @faults.entry
     def exchange(self, x: ShardTensor | torch.Tensor) -> torch.Tensor:
         """``[owned; ghosts]`` rows of a per-node tensor (see :meth:`HaloPlan.exchange`).
 
@@ -183,6 +184,7 @@ class ShardedGraph:
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
+    @faults.entry
     def from_edges(
         cls,
         points: ShardTensor | torch.Tensor,
@@ -232,6 +234,7 @@ class ShardedGraph:
         return cls._build(points, edge_index[0, eid], edge_index[1, eid], eid, hops)
 
     @classmethod
+    @faults.entry
     def from_cells(
         cls,
         points: ShardTensor | torch.Tensor,
@@ -253,6 +256,7 @@ class ShardedGraph:
         return cls.from_edges(points, edges, hops=hops, partition=partition)
 
     @classmethod
+    @faults.entry
     def from_neighbors(
         cls, points: ShardTensor | torch.Tensor, nbr: Neighbors, *, hops: int = 1, self_loops: bool = False
     ) -> ShardedGraph:
@@ -343,6 +347,7 @@ class ShardedEdges(NamedTuple):
     edge_id: ShardTensor
 
 
+@faults.entry
 def shard_edges(
     edge_index: torch.Tensor,
     nodes: ShardTensor,

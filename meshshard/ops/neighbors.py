@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import faults
 from .._checks import check_positive_int, check_radius
 from ..errors import ShardingError
-from ..halo import HaloPlan, build_plan, check_coordinate_tensor, check_values
+from ..halo import HaloPlan, ValueVerdict, build_plan, check_coordinate_tensor, check_values, value_verdict
 from ..kernels import check_backend, knn_bound, nearest_neighbors
 from ..tensor import ShardSpec, ShardTensor, local_of
 
@@ -111,9 +112,22 @@ class Neighbors:
 
 def check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validated ``(points, queries, self_query)``; ``queries=None`` means the points themselves."""
+    points, queries, self_query = check_pair_metadata(points, queries)
+    check_values(points, "points")
+    if not self_query:
+        check_values(queries, "queries")
+    return points, queries, self_query
+
+
+def _pair_verdicts(points: torch.Tensor, queries: torch.Tensor, self_query: bool) -> tuple[ValueVerdict, ...]:
+    """The value checks of :func:`check_pair`, a ShardTensor's NaN/Inf verdicts left to the plan to agree."""
+    return value_verdict(points, "points") + (() if self_query else value_verdict(queries, "queries"))
+
+
+def check_pair_metadata(points: object, queries: object) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """:func:`check_pair` from metadata only (types, shapes, meshes, devices): the same verdict on every rank."""
     points = check_coordinate_tensor(points, "points")
     if queries is None or queries is points:
-        check_values(points, "points")
         return points, points, True
     queries = check_coordinate_tensor(queries, "queries")
     if queries.shape[1] != points.shape[1]:
@@ -135,8 +149,6 @@ def check_pair(points: object, queries: object) -> tuple[torch.Tensor, torch.Ten
             )
     if points.device != queries.device:
         raise ValueError(f"points and queries must be on one device (got {points.device} and {queries.device})")
-    check_values(points, "points")
-    check_values(queries, "queries")
     return points, queries, False
 
 
@@ -194,6 +206,7 @@ def _finish(
 
 
 # -- ops ---------------------------------------------------------------------------------------------
+@faults.entry
 def ball_query(
     points: ShardTensor | torch.Tensor,
     queries: ShardTensor | torch.Tensor | None,
@@ -261,18 +274,20 @@ def ball_query(
     >>> nbr.index.tolist(), nbr.count.tolist()
     ([[0, 1, 3], [1, 3, 0], [2, -1, -1], [1, 3, 0]], [3, 3, 1, 3])
     """
-    points, queries, self_query = check_pair(points, queries)
+    points, queries, self_query = check_pair_metadata(points, queries)
     radius = check_radius(radius)
     max_neighbors = check_positive_int(max_neighbors, "max_neighbors")
     backend = check_backend(backend, points.device)
     local_ids = _check_ids(ids, points)
     local_points, local_queries = local_of(points).detach(), local_of(queries).detach()
     if plan is None:
-        # coordinates and radius are checked above: skip build()'s second pass over the values
+        # metadata and radius are checked above; the values' verdicts are agreed in the plan's counts exchange
         plan = build_plan(
-            points, None if self_query else queries, radius * radius, regions=regions, backend=backend
+            points, None if self_query else queries, radius * radius, regions=regions, backend=backend,
+            verdicts=_pair_verdicts(points, queries, self_query),
         )
     else:
+        check_pair(points, queries)  # no communication with a given plan: the values are checked here
         if not isinstance(plan, HaloPlan):
             raise TypeError(f"plan must be a HaloPlan (got {type(plan).__name__})")
         if plan.radius is None or plan.radius < radius or plan.num_owned != local_points.shape[0]:
@@ -296,6 +311,7 @@ def ball_query(
     return _finish(index, count, dist2, plan, queries, points.dtype, return_distances, kept_ids)
 
 
+@faults.entry
 def knn(
     points: ShardTensor | torch.Tensor,
     queries: ShardTensor | torch.Tensor | None,
@@ -330,14 +346,18 @@ def knn(
     ``all_to_all``), plus one ``all_to_all`` of the ghosts' ids with ``ids``; nothing on plain
     tensors. A rank that owns fewer than ``k`` points receives every point.
     """
-    points, queries, self_query = check_pair(points, queries)
+    points, queries, self_query = check_pair_metadata(points, queries)
     k = check_positive_int(k, "k")
     backend = check_backend(backend, points.device)
     local_ids = _check_ids(ids, points)
+    verdicts = _pair_verdicts(points, queries, self_query)  # plain tensors: checked here
     local_points, local_queries = local_of(points).detach(), local_of(queries).detach()
     if isinstance(points, ShardTensor):
-        bound = knn_bound(local_points, local_queries, k, backend=backend, strict=True)
-        plan = build_plan(points, None if self_query else queries, bound, backend=backend)
+        # a rank with NaN/Inf rows skips the local bound: build_plan raises on every rank after its counts
+        bad = any(v.bad_rows for v in verdicts)
+        bound = (torch.zeros(0, dtype=torch.float64, device=local_points.device) if bad
+                 else knn_bound(local_points, local_queries, k, backend=backend, strict=True))
+        plan = build_plan(points, None if self_query else queries, bound, backend=backend, verdicts=verdicts)
         ext_points = torch.cat([local_points, plan.ghost_points.to(local_points.device)])
     else:
         plan = build_plan(points, queries, torch.zeros(0, dtype=torch.float64), backend=backend)

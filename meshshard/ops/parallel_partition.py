@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .. import comm
+from .. import comm, faults
 from .._checks import check_points, check_positive_int, nonnegative_problem, points_problem
 from .._sizes import owner_of
 from ..partition import (
@@ -80,7 +80,7 @@ def _local_problem(local: torch.Tensor, w: torch.Tensor | None, first: int) -> s
     return nonnegative_problem(w.to(_F64), "weights", first_index=first)
 
 
-def repartition(
+def repartition(  # its collectives are named after repartition_with_payload, which it calls
     x: ShardTensor,
     method: str = "rcb",
     weights: ShardTensor | None = None,
@@ -163,6 +163,7 @@ def repartition(
     return points, ids
 
 
+@faults.entry
 def repartition_with_payload(
     x: ShardTensor,
     method: str = "rcb",

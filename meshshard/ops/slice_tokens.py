@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm
+from .. import comm, faults
 from ..errors import ShardingError
 from ..tensor import ShardSpec, ShardTensor, local_of, replicated
 
@@ -87,6 +87,7 @@ def slice_sums(weights: torch.Tensor, features: torch.Tensor) -> tuple[torch.Ten
         return torch.matmul(w.transpose(-1, -2), f), w.sum(dim=-2)
 
 
+@faults.entry
 def finish_slice_tokens(
     sum_wf: torch.Tensor,
     sum_w: torch.Tensor,
@@ -130,6 +131,7 @@ def finish_slice_tokens(
     return replicated(tokens, spec)
 
 
+@faults.entry
 def slice_tokens(weights: torch.Tensor, features: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """Slice tokens ``z = sum_n w f / (sum_n w + eps)`` over all points, sharded or not.
 

@@ -283,6 +283,23 @@ def test_bad_metadata_and_files(curator_roots: dict[str, Path], tiny_root: Path,
         preprocess(tiny_root, tmp_path / "s", source="curator", progress=False)
 
 
+def test_a_body_of_zero_length_is_refused_not_used_as_a_zero_scale(
+    curator_roots: dict[str, Path], tmp_path: Path
+) -> None:
+    # the body's length scales the volume's turbulent viscosity: a flat-zero scale would be a silent wrong answer
+    root = tmp_path / "z"
+    root.mkdir()
+    with np.load(curator_roots["npz"] / "run_1.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["stl_coordinates"] = np.zeros_like(arrays["stl_coordinates"])
+    np.savez(root / "run_1.npz", **arrays)
+    with pytest.raises(DatasetError, match=(
+        r"^run_1\.npz: the body's length \(largest extent of 'stl_coordinates'\) must be positive and finite "
+        r"\(got 0\.0\)$"
+    )):
+        CuratorDrivaerML(root, volume=True).read_volume(1, rows=(0, 5))
+
+
 def test_compressed_npz_still_reads(curator_roots: dict[str, Path], tmp_path: Path) -> None:
     root = tmp_path / "c"
     root.mkdir()

@@ -330,6 +330,42 @@ def test_bad_sharded_ids_raise_on_every_rank():
         assert "both ShardTensors or both plain tensors" in msgs[1]
 
 
+def _nan_on_rank_one(backend):
+    """ball_query and knn by default (no MESHSHARD_VALIDATE) with a NaN row on rank 1 only."""
+    mesh = ms.init_mesh()
+    world = dist.get_world_size()
+    sizes = [4, 4, 1] if world == 3 else [5, 4]
+    pts = torch.rand(9, 3, generator=torch.Generator().manual_seed(0))
+    bad = pts.clone()
+    bad[6, 0] = float("nan")  # rank 1 either way
+    x, y = ms.scatter(pts, sizes, mesh), ms.scatter(bad, sizes, mesh)
+    calls = {
+        "ball_query points": lambda: ball_query(y, None, 0.5, 4, backend=backend),
+        "ball_query queries": lambda: ball_query(x, y, 0.5, 4, backend=backend),
+        "knn points": lambda: knn(y, None, 3, backend=backend),
+        "knn queries": lambda: knn(x, y, 3, backend=backend),
+    }
+    found = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except ValueError as exc:
+            found[name] = str(exc)
+    return found
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("backend", OWN_BACKENDS)
+def test_nan_on_one_rank_raises_the_same_error_on_every_rank(world_size, backend):
+    # no rank runs a kernel on the NaN shard, and none is left waiting in a collective
+    for rank, found in enumerate(run_distributed(_nan_on_rank_one, world_size, backend)):
+        assert found == {
+            f"{op} {name}": f"[rank {rank}] {name} must be finite (found 1 row with NaN/Inf, first at row 6, on rank 1)"
+            for op in ("ball_query", "knn")
+            for name in ("points", "queries")
+        }, found
+
+
 def _mesh_errors():
     mesh = ms.init_mesh()
     other = ms.init_mesh()
