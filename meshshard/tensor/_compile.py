@@ -37,7 +37,8 @@ def allow_subclass_inputs() -> None:
     ``torch._functorch.config.check_custom_op_aliasing`` runs the first call of every compiled
     function under a debug dispatch mode that, in torch 2.13, fails for any ``__torch_function__``
     subclass input ("Multiple dispatch failed for aten.view ... returned NotImplemented";
-    pytorch#193932). The check only validates *custom* ops' aliasing; meshshard registers none.
+    pytorch#193932). The check only validates *custom* ops' aliasing; meshshard's one custom op
+    (``meshshard::seeded_rand``) returns a new tensor.
     """
     import torch._functorch.config as functorch_config
 
