@@ -238,3 +238,21 @@ def normal_at(index: torch.Tensor, seed: int, dtype: torch.dtype, stream: int = 
     u1 = uniform_at(index, seed, work, 2 * stream)
     u2 = uniform_at(index, seed, work, 2 * stream + 1)
     return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2 * torch.pi) * u2)).to(dtype)
+
+
+@torch.library.custom_op("meshshard::seeded_rand", mutates_args=())
+def seeded_rand(seed: torch.Tensor, shape: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.rand(shape)`` from a ``torch.Generator`` seeded with ``int(seed)`` (a 0-d int64 tensor).
+
+    The eager draws of a seeded generator, as one opaque op of a compiled graph: dynamo cannot create a
+    ``torch.Generator`` inside a graph, and a seed that changes every step must be data (``step_seed``), not a
+    guarded Python int. It runs eagerly when the graph runs, so compiled draws equal eager's bit for bit.
+    """
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return torch.rand(shape, generator=gen, device=device, dtype=dtype)
+
+
+@seeded_rand.register_fake
+def _seeded_rand_fake(seed, shape, dtype, device):
+    return torch.empty(shape, dtype=dtype, device=device)

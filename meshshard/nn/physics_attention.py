@@ -11,7 +11,7 @@ from torch import nn
 
 from .. import faults
 from .._checks import check_choice, check_positive_int
-from .._keyed_random import gumbel_noise, step_seed
+from .._keyed_random import gumbel_noise, seeded_rand, step_seed
 from ..ops.slice_tokens import slice_tokens
 from ..tensor import ShardTensor, wrap
 
@@ -308,9 +308,12 @@ class PhysicsAttention(nn.Module):
         if seed is None or self.variant == "plus" or self.dropout == 0:
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
         attn = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1)
-        gen = torch.Generator(device=attn.device)
-        gen.manual_seed(seed)
-        keep = torch.rand(attn.shape, generator=gen, device=attn.device, dtype=attn.dtype) >= self.dropout
+        if torch.compiler.is_compiling():  # a Generator cannot be made in a graph: the same draws, as a graph op
+            keep = seeded_rand(torch.as_tensor(seed), list(attn.shape), attn.dtype, attn.device) >= self.dropout
+        else:
+            gen = torch.Generator(device=attn.device)
+            gen.manual_seed(seed)
+            keep = torch.rand(attn.shape, generator=gen, device=attn.device, dtype=attn.dtype) >= self.dropout
         return torch.matmul(attn * keep / (1.0 - self.dropout), v)
 
     def deslice(self, tokens: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

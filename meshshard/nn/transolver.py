@@ -23,7 +23,7 @@ from .. import faults
 from .._checks import check_choice, check_positive_int
 from .._config import TransolverConfig
 from ..ops.slice_tokens import finish_slice_tokens, slice_sums
-from ..tensor import ShardTensor, wrap
+from ..tensor import ShardTensor, tracing, wrap
 from .physics_attention import (
     PhysicsAttention,
     check_inputs,
@@ -102,8 +102,33 @@ class TransolverBlock(nn.Module):
         # drawn outside the checkpoint so that the recomputation draws the same noise and masks
         seed = self.attn.next_seed()
         if self.checkpoint and torch.is_grad_enabled():
+            if isinstance(x, ShardTensor) and tracing():
+                return _checkpoint_shards(self._forward, x, seed, point_ids)
             return _checkpoint(self._forward, x, seed, point_ids, use_reentrant=False)
         return self._forward(x, seed, point_ids)
+
+
+def _checkpoint_shards(fn, x: ShardTensor, seed, point_ids):
+    """``checkpoint(fn, x, seed, point_ids)`` traced by ``torch.compile`` on a ShardTensor ``x``.
+
+    Dynamo turns a checkpoint into a higher-order op whose operands would be ShardTensors, and such an op
+    reaches ``__torch_function__``, where the body's ops no longer dispatch to the sharding rules. So the
+    checkpointed function takes and returns the **local** shards: it rewraps them with their (static) specs,
+    runs the block through its rules (its collectives inside the recomputed region) and unwraps the result,
+    which is sharded like ``x`` (a block maps each point's channels).
+    """
+    spec = x.spec
+    ids_spec = point_ids.spec if isinstance(point_ids, ShardTensor) else None
+
+    def body(local, ids):
+        xs = wrap(local, spec, spec.dim)
+        if ids_spec is not None:
+            ids = wrap(ids, ids_spec, ids_spec.dim)
+        return fn(xs, seed, ids).to_local()
+
+    ids = point_ids.to_local() if ids_spec is not None else point_ids
+    out = _checkpoint(body, x.to_local(), ids, use_reentrant=False)
+    return wrap(out, spec, spec.dim)
 
 
 class Transolver(nn.Module):

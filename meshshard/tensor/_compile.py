@@ -8,6 +8,8 @@ graph holds only the local ops and the collectives of :mod:`meshshard.comm` (as
   ``is_mkldnn``...) they call tensor methods for real, outside any trace:
   :func:`inspected_by_compiler` is true then and those calls pass through to the local tensor.
   Inside traced code it is constant ``False``.
+* Python operators whose ``Tensor`` dunder torch writes in Python (``x ** 2``, ``1 - x``, ``2 / x``):
+  :func:`traced_dunder` gives the torch ops they stand for.
 * The sharding metadata (:class:`~meshshard.tensor.ShardSpec`) is Python data read by the rules;
   see :func:`spec_guard_key` for how a compiled graph is tied to the sizes it was traced with.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["allow_subclass_inputs", "inspected_by_compiler", "tracing"]
+__all__ = ["allow_subclass_inputs", "inspected_by_compiler", "traced_dunder", "tracing"]
 
 
 def tracing() -> bool:
@@ -35,7 +37,8 @@ def allow_subclass_inputs() -> None:
     ``torch._functorch.config.check_custom_op_aliasing`` runs the first call of every compiled
     function under a debug dispatch mode that, in torch 2.13, fails for any ``__torch_function__``
     subclass input ("Multiple dispatch failed for aten.view ... returned NotImplemented";
-    pytorch#193932). The check only validates *custom* ops' aliasing; meshshard registers none.
+    pytorch#193932). The check only validates *custom* ops' aliasing; meshshard's one custom op
+    (``meshshard::seeded_rand``) returns a new tensor.
     """
     import torch._functorch.config as functorch_config
 
@@ -98,3 +101,47 @@ def register_method_binding() -> None:
     from ._dispatch import register_rule
 
     register_rule(*_METHODS)(bind_method)
+
+
+# -- Python operators whose Tensor dunder is written in Python ---------------------------------------------
+def _dunder_impls() -> tuple:
+    """``((dunder, impl), ...)``: the ops each dunder of ``torch/_tensor.py`` runs, as its body does.
+
+    ``impl(call, self, other)`` runs them through ``call`` (:func:`meshshard.tensor._tensor.redispatch`)."""
+    T = torch.Tensor
+    pairs = [
+        (T.__pow__, lambda call, x, o: call(torch.pow, x, o)),
+        (T.__ipow__, lambda call, x, o: call(T.pow_, x, o)),
+        (T.__rpow__, lambda call, x, o: call(torch.pow, o, x)),
+        (T.__rsub__, lambda call, x, o: call(torch.rsub, x, o)),
+        (T.__rtruediv__, lambda call, x, o: call(torch.mul, call(torch.reciprocal, x), o)),
+        (getattr(T, "__rdiv__", None), lambda call, x, o: call(torch.mul, call(torch.reciprocal, x), o)),
+        (T.__floordiv__, lambda call, x, o: call(torch.floor_divide, x, o)),
+        (T.__rfloordiv__, lambda call, x, o: call(torch.floor_divide, o, x)),
+        (T.__rmod__, lambda call, x, o: call(torch.remainder, o, x)),
+        (T.__rmatmul__, lambda call, x, o: call(torch.matmul, o, x)),
+    ]
+    return tuple([(d, f) for d, f in pairs if d is not None])
+
+
+_DUNDER_IMPLS = _dunder_impls()
+
+
+def traced_dunder(func):
+    """Traced code: the ops behind ``func`` if it is a ``Tensor`` dunder torch writes in Python, else ``None``.
+
+    Those dunders (``__pow__``, ``__rsub__``, ``__rtruediv__``, ``__rpow__``, ``__floordiv__``, ``__rfloordiv__``,
+    ``__rmod__``, ``__rmatmul__``, ``__ipow__``) wrap their body in a ``TypeError -> NotImplemented`` handler.
+    Traced by dynamo (torch 2.13), such a dunder reaches ``__torch_function__`` as a function that the rule
+    registry's dict lookup misses (``is`` still finds it; the miss would also leave a guard that fails on the
+    frame that made it), and calling it on the local shard comes back as ``NotImplemented``. So traced code runs
+    the body's own ops instead (``x ** 2`` -> ``torch.pow(x, 2)``, ``1 - x`` -> ``torch.rsub(x, 1)``, ``2 / x``
+    -> ``x.reciprocal() * 2``), each through its sharding rule: the same local ops as eager, which dispatches the
+    dunder itself. Eager Python never asks this.
+
+    **Communication:** none (that of the ops it stands for).
+    """
+    for dunder, impl in _DUNDER_IMPLS:
+        if func is dunder:
+            return impl
+    return None

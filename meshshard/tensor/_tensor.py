@@ -47,7 +47,7 @@ from .._sizes import offsets_of
 from ..device_mesh import axis_group_rank
 from ..errors import ShardingError, UnsupportedOpError
 from ..partition import Partition
-from ._compile import inspected_by_compiler, register_method_binding, tracing
+from ._compile import inspected_by_compiler, register_method_binding, traced_dunder, tracing
 from ._dispatch import bind, dispatch, op_name
 from ._spec import ShardSpec, as_sizes, norm_mesh_dim
 
@@ -255,11 +255,13 @@ class ShardTensor(torch.Tensor):
                 return func(*args, **(kwargs or {}))
         if tracing():  # graph inputs' specs are read through their guard keys
             args, kwargs = _static_inputs(args, kwargs)
+            if (impl := traced_dunder(func)) is not None:  # x ** 2, 1 - x, 2 / x: their ops (see traced_dunder)
+                return impl(redispatch, *args, **(kwargs or {}))
         meta = _GLOBAL_META.get(func)
         if meta is not None:  # shape queries: answered from the spec, identical on every rank
             return meta(*args, **(kwargs or {}))
         if tracing():
-            return _dispatch_any(func, args, kwargs)
+            return _traced_result(func, args, _dispatch_any(func, args, kwargs))
         token = faults.enter_op(func)  # a failing collective's message names the op
         try:
             return _dispatch_any(func, args, kwargs)
@@ -268,6 +270,44 @@ class ShardTensor(torch.Tensor):
             raise
         finally:
             faults.exit_op(token)
+
+
+def redispatch(func: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)`` through the sharded types' ``__torch_function__``, also inside one while traced.
+
+    Eager, calling ``func`` is enough: an op inside a rule dispatches again on its ShardTensor arguments. Traced
+    by dynamo (torch 2.13), an op called inside an inlined ``__torch_function__`` does **not** dispatch to the
+    subclass (dynamo turns subclass dispatch off for the call), so it would run on the local shard alone. This
+    calls the right ``__torch_function__`` explicitly.
+    """
+    if tracing():
+        flat = [*args, *kwargs.values()]
+        flat += [b for a in flat if isinstance(a, (list, tuple)) for b in a]
+        for cls in (ShardTensor, ReplicatedTensor):
+            if any(isinstance(a, cls) for a in flat):
+                return cls.__torch_function__(func, (cls,), args, kwargs)
+    return func(*args, **kwargs)
+
+
+def _traced_result(func: Callable, args: tuple, out: Any) -> Any:
+    """Traced code: refuse a rule's result that holds a plain tensor computed from a ShardTensor argument.
+
+    Such a rule is written as other torch ops on its ShardTensor arguments (``std_mean`` as ``std`` and
+    ``mean``...). Eager, those ops dispatch to their rules; traced (torch 2.13), dynamo does not dispatch
+    them to the subclass inside ``__torch_function__`` (see :func:`redispatch`), so they ran on the local
+    shard alone: a silent wrong answer. The check decides from the traced types, the same on every rank.
+    """
+    if not args or not isinstance(args[0], ShardTensor):
+        return out
+    items = out if isinstance(out, (list, tuple)) else (out,)
+    if any(type(t) is torch.Tensor for t in items):
+        raise UnsupportedOpError(
+            f"{op_name(func)} on a ShardTensor cannot be compiled yet: its rule is written as other torch ops, "
+            "which torch.compile does not dispatch to ShardTensor inside __torch_function__ (they would run on "
+            "the local shard alone). Call it outside the compiled region (torch.compiler.disable), or write it "
+            "as the ops it stands for."
+        )
+    return out
 
 
 def _dispatch_any(func: Callable, args: tuple, kwargs: dict | None) -> Any:
@@ -460,6 +500,8 @@ class ReplicatedTensor(torch.Tensor):
                 faults.exit_op(token)
         if not all(issubclass(cls, t) for t in types):
             return NotImplemented
+        if tracing() and (impl := traced_dunder(func)) is not None:  # 2 / loss traced: its ops (see traced_dunder)
+            return impl(redispatch, *args, **(kwargs or {}))
         with torch._C.DisableTorchFunctionSubclass():
             ret = func(*args, **(kwargs or {}))
         if func is torch.Tensor.as_subclass:

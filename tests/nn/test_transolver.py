@@ -458,7 +458,7 @@ def test_plus_trains_at_a_million_points_in_one_process_and_sharded():
 
 
 # -- torch.compile: Transolver++ in training compiles once (issue 28) ----------------------------------
-def _compiled_plus_training(sizes):
+def _compiled_plus_training(sizes, checkpoint=False):
     """3 eager then 3 compiled training steps from the same ``rng_step``: (graphs, max |diff|, rng_step)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
@@ -466,7 +466,7 @@ def _compiled_plus_training(sizes):
 
     mesh = ms.init_mesh()
     r = dist.get_rank()
-    model = _model(variant="plus", n_layers=1).double().train()
+    model = _model(variant="plus", n_layers=1, checkpoint=checkpoint).double().train()
     g = _inputs(None, sum(sizes)).double()
     x = ms.ShardTensor.from_local(g[sum(sizes[:r]):sum(sizes[: r + 1])], mesh, sizes=sizes)
 
@@ -493,10 +493,41 @@ def _compiled_plus_training(sizes):
     return len(graphs), diff, model.rng_step
 
 
-def test_compiled_plus_training_compiles_one_graph_and_equals_eager():
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_compiled_plus_training_compiles_one_graph_and_equals_eager(checkpoint):
     # the step counter keying the Gumbel noise is a tensor, not a guarded Python int: a second and a third
     # training step with the same sizes compile nothing, and draw the noise eager draws (2 ranks, one empty).
-    # Not covered: checkpoint=True on a ShardTensor compiled (no rule for tag_activation_checkpoint yet)
-    for graphs, diff, rng_step in run_distributed(_compiled_plus_training, 2, SIZES[2]):
+    # checkpoint=True: the checkpointed block takes and returns local shards (transolver._checkpoint_shards),
+    # its collectives recomputed in backward on every rank alike
+    for graphs, diff, rng_step in run_distributed(_compiled_plus_training, 2, SIZES[2], checkpoint):
         assert graphs == 1 and rng_step == 3
         assert diff <= 1e-10
+
+
+def _compiled_dropout(sizes):
+    """Plain Transolver with dropout, training: compiled on the plain tensor (max |diff| to eager), and the
+    error compiling it on a ShardTensor."""
+    mesh = ms.init_mesh()
+    r = dist.get_rank()
+    model = _model(n_layers=1, dropout=0.2).double().train()
+    g = _inputs(None, sum(sizes)).double()
+    torch.manual_seed(1)
+    eager = model(g)
+    model.rng_step = 0
+    torch._dynamo.reset()
+    torch.manual_seed(1)  # nn.Dropout on a plain tensor draws from the global generator
+    diff = float((torch.compile(model, fullgraph=True, backend="aot_eager")(g) - eager).abs().max())
+    x = ms.ShardTensor.from_local(g[sum(sizes[:r]):sum(sizes[: r + 1])], mesh, sizes=sizes)
+    torch._dynamo.reset()
+    try:
+        torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    except Exception as exc:  # dynamo wraps our error
+        return diff, str(exc)
+    return diff, ""
+
+
+def test_compiled_dropout_equals_eager_on_a_plain_tensor_and_raises_clearly_on_a_shard_tensor():
+    # the attention-dropout mask of a seeded generator is one graph op (meshshard::seeded_rand): eager's draws
+    for diff, error in run_distributed(_compiled_dropout, 2, SIZES[2]):
+        assert diff == 0.0
+        assert "random numbers on a ShardTensor" in error and "cannot be compiled yet" in error, error

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from ... import comm
 from ..._keyed_random import normal_at, uniform_at
+from ...errors import UnsupportedOpError
+from .._compile import tracing
 from .._dispatch import bind, no_subclass, op_name
 from .._dispatch import register_rule as register
 from .._spec import ShardSpec
@@ -55,7 +57,17 @@ def global_index(spec: ShardSpec, shape: torch.Size, device: torch.device) -> to
 
 
 def agreed_seed(spec: ShardSpec, generator: torch.Generator | None, device: torch.device) -> int:
-    """One draw from ``generator`` (or the device's default generator) on every rank; rank 0's, on every rank."""
+    """One draw from ``generator`` (or the device's default generator) on every rank; rank 0's, on every rank.
+
+    Not traceable (a generator draw read as a Python int, then agreed): traced, it raises the same error on
+    every rank instead.
+    """
+    if tracing():
+        raise UnsupportedOpError(
+            "random numbers on a ShardTensor (dropout, bernoulli, rand_like, uniform_...) cannot be compiled yet: "
+            "each call draws its seed from torch's generator and agrees it across ranks. Run them outside the "
+            "compiled region, or compile with dropout=0 (eval mode draws nothing)."
+        )
     where = generator.device if generator is not None else device
     mine = int(torch.randint(0, 2**62, (1,), generator=generator, device=where).item())
     if spec.num_ranks == 1:
