@@ -41,9 +41,10 @@ demo: $(VENV)/.stamp-base
 
 # The suite on TEST_WORKERS pytest-xdist workers (0: in this process); tests/conftest.py groups the tests
 # that must share a worker. A worker that dies (e.g. out of memory) fails the run rather than being replaced.
+# Every run ends with its 25 slowest tests, so a test that grows shows.
 PEERS ?=
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 tests
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=25 tests
 test: $(VENV)/.stamp-dev $(if $(PEERS),$(VENV)/.stamp-peers)
 	$(PYTEST)
 
