@@ -142,7 +142,7 @@ def _exchange_counts(
         flags[2 * slot: 2 * slot + 2] = [v.bad_rows, v.first_row]
     row = torch.tensor(flags, dtype=counts.dtype, device=counts.device).expand(world, -1)
     got = comm.all_to_all(torch.cat([counts.reshape(world, 1), row], 1), [1] * world, [1] * world, group)
-    if verdicts and bool((got[:, 1::2] > 0).any()):
+    if bool((got[:, 1::2] > 0).any()):  # any rank's verdict, whatever this rank passed: all raise alike
         table = got[:, 1:].tolist()
         for slot, name in enumerate(_VERDICT_NAMES):
             bad = [(r, f[2 * slot], f[2 * slot + 1]) for r, f in enumerate(table) if f[2 * slot] > 0]
